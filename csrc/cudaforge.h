@@ -1,0 +1,188 @@
+/* cudaforge.h: the one internal header of the C core.
+ *
+ * The module state (exception types, heap types, objects handed over from Python), the tables of
+ * functions loaded from libcuda, libnvrtc and libcupti at first use, the check macros that turn a
+ * library status into a Python exception, and one *_exec() per file that adds that file's
+ * functions and types to the module. */
+#ifndef CUDAFORGE_H
+#define CUDAFORGE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cuda.h>
+#include <nvrtc.h>
+#include <cupti.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- module state */
+
+typedef struct {
+    /* exceptions (errors.c) */
+    PyObject *CudaforgeError;
+    PyObject *LibraryNotFound;
+    PyObject *CudaError;
+    PyObject *KernelFault;
+    PyObject *CompileError;
+    PyObject *ProfilerError;
+    PyObject *HTTPError;
+    /* heap types (launch.c) */
+    PyTypeObject *ModuleType;
+    PyTypeObject *KernelType;
+    /* handed over by the Python package (launch.c: set_torch_hooks) */
+    PyObject *tensor_type;    /* torch.Tensor, or NULL before torch is known */
+    PyObject *stream_getter;  /* callable(device_index) -> raw cudaStream_t as int */
+    /* interned method names for the launch hot path */
+    PyObject *str_data_ptr;
+    PyObject *str_get_device;
+    PyObject *str_cuda_stream;
+} cf_state;
+
+cf_state *cf_get_state(PyObject *module);
+cf_state *cf_state_from_type(PyTypeObject *type);
+
+/* ---------------------------------------------------------------- loaded libraries (loader.c) */
+
+/* Each X-list names the functions a file uses; the table member gets the prototype's type from
+ * the header, so a name that cuda.h maps to a _v2 symbol keeps the _v2 signature. */
+#define CF_CUDA_API(X)                                                                             \
+    X(cuInit)                                                                                      \
+    X(cuDriverGetVersion)                                                                          \
+    X(cuGetErrorName)                                                                              \
+    X(cuGetErrorString)                                                                            \
+    X(cuDeviceGet)                                                                                 \
+    X(cuDeviceGetCount)                                                                            \
+    X(cuDeviceGetName)                                                                             \
+    X(cuDeviceGetAttribute)                                                                        \
+    X(cuDeviceTotalMem)                                                                            \
+    X(cuDevicePrimaryCtxRetain)                                                                    \
+    X(cuCtxGetCurrent)                                                                             \
+    X(cuCtxSetCurrent)                                                                             \
+    X(cuCtxGetDevice)                                                                              \
+    X(cuCtxSynchronize)                                                                            \
+    X(cuModuleLoadData)                                                                            \
+    X(cuModuleUnload)                                                                              \
+    X(cuModuleGetFunction)                                                                         \
+    X(cuFuncGetAttribute)                                                                          \
+    X(cuFuncSetAttribute)                                                                          \
+    X(cuFuncGetParamInfo)                                                                          \
+    X(cuLaunchKernel)                                                                              \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                                                 \
+    X(cuStreamSynchronize)                                                                         \
+    X(cuStreamQuery)                                                                               \
+    X(cuMemGetInfo)                                                                                \
+    X(cuMemsetD32Async)
+
+#define CF_NVRTC_API(X)                                                                            \
+    X(nvrtcVersion)                                                                                \
+    X(nvrtcGetErrorString)                                                                         \
+    X(nvrtcGetNumSupportedArchs)                                                                   \
+    X(nvrtcGetSupportedArchs)                                                                      \
+    X(nvrtcCreateProgram)                                                                          \
+    X(nvrtcDestroyProgram)                                                                         \
+    X(nvrtcCompileProgram)                                                                         \
+    X(nvrtcGetProgramLogSize)                                                                      \
+    X(nvrtcGetProgramLog)                                                                          \
+    X(nvrtcGetCUBINSize)                                                                           \
+    X(nvrtcGetCUBIN)                                                                               \
+    X(nvrtcGetPTXSize)                                                                             \
+    X(nvrtcGetPTX)                                                                                 \
+    X(nvrtcAddNameExpression)                                                                      \
+    X(nvrtcGetLoweredName)
+
+/* CUPTI: timing.c and metrics.c add the names they use here. */
+#define CF_CUPTI_API(X)                                                                            \
+    X(cuptiGetVersion)                                                                             \
+    X(cuptiGetResultString)
+
+#define CF_DECLARE_MEMBER(name) __typeof__(&name) name;
+typedef struct {
+    CF_CUDA_API(CF_DECLARE_MEMBER)
+} cf_cuda_table;
+typedef struct {
+    CF_NVRTC_API(CF_DECLARE_MEMBER)
+} cf_nvrtc_table;
+typedef struct {
+    CF_CUPTI_API(CF_DECLARE_MEMBER)
+} cf_cupti_table;
+
+extern cf_cuda_table cf_cu;
+extern cf_nvrtc_table cf_nvrtc;
+extern cf_cupti_table cf_cupti;
+
+/* Return 0 when the library's table is filled, else -1 with LibraryNotFound set. */
+int cf_need_cuda(cf_state *st);
+int cf_need_nvrtc(cf_state *st);
+int cf_need_cupti(cf_state *st);
+
+/* Make a context current on this thread: the one already current (torch's), else the primary
+ * context of `device` (never a private one: torch's pointers would not be valid there). Stores
+ * the device of the current context in *device_out. */
+int cf_ensure_context(cf_state *st, int device, CUdevice *device_out);
+
+/* ---------------------------------------------------------------- errors (errors.c) */
+
+int cf_raise_cu(cf_state *st, CUresult status, const char *call, const char *file, int line);
+int cf_raise_nvrtc(cf_state *st, nvrtcResult status, const char *call, const char *file,
+                   int line);
+int cf_raise_cupti(cf_state *st, CUptiResult status, const char *call, const char *file,
+                   int line);
+/* Set `type` with message `msg` and keyword attributes from `attrs` (a dict, may be NULL). */
+int cf_raise_with(PyObject *type, const char *msg, PyObject *attrs);
+/* True for errors after which the context is unusable (illegal address, trap, ...). */
+int cf_is_sticky(CUresult status);
+
+/* Every library call goes through one of these; they expect `st` (cf_state *) in scope and an
+ * `error:` label that cleans up and returns the failure value. */
+#define CF_CU(call)                                                                                \
+    do {                                                                                           \
+        CUresult cf_status_ = (call);                                                              \
+        if (cf_status_ != CUDA_SUCCESS) {                                                          \
+            cf_raise_cu(st, cf_status_, #call, __FILE__, __LINE__);                                \
+            goto error;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define CF_CU_NOGIL(call)                                                                          \
+    do {                                                                                           \
+        CUresult cf_status_;                                                                       \
+        Py_BEGIN_ALLOW_THREADS cf_status_ = (call);                                                \
+        Py_END_ALLOW_THREADS if (cf_status_ != CUDA_SUCCESS) {                                     \
+            cf_raise_cu(st, cf_status_, #call, __FILE__, __LINE__);                                \
+            goto error;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define CF_NVRTC(call)                                                                             \
+    do {                                                                                           \
+        nvrtcResult cf_status_ = (call);                                                           \
+        if (cf_status_ != NVRTC_SUCCESS) {                                                         \
+            cf_raise_nvrtc(st, cf_status_, #call, __FILE__, __LINE__);                             \
+            goto error;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define CF_CUPTI(call)                                                                             \
+    do {                                                                                           \
+        CUptiResult cf_status_ = (call);                                                           \
+        if (cf_status_ != CUPTI_SUCCESS) {                                                         \
+            cf_raise_cupti(st, cf_status_, #call, __FILE__, __LINE__);                             \
+            goto error;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* ---------------------------------------------------------------- one exec per file */
+
+int cf_errors_exec(PyObject *m);
+int cf_loader_exec(PyObject *m);
+int cf_compile_exec(PyObject *m);
+int cf_launch_exec(PyObject *m);
+int cf_compare_exec(PyObject *m);
+int cf_timing_exec(PyObject *m);
+int cf_metrics_exec(PyObject *m);
+int cf_http_exec(PyObject *m);
+
+/* Module teardown hooks for files that hold library-side state. */
+void cf_http_free(void);
+
+#endif /* CUDAFORGE_H */

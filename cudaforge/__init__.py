@@ -1,0 +1,1 @@
+"""cudaforge: LLM-written CUDA kernels, proven on the GPU."""

@@ -1,0 +1,63 @@
+"""The exception hierarchy of cudaforge.
+
+The library errors are created by the C core (csrc/errors.c) and re-exported here; the errors that
+only Python raises subclass CudaforgeError. Each carries its evidence as attributes.
+"""
+
+from __future__ import annotations
+
+from ._core import (
+    CompileError,
+    CudaError,
+    CudaforgeError,
+    HTTPError,
+    KernelFault,
+    LibraryNotFound,
+    ProfilerError,
+)
+
+
+class LLMError(CudaforgeError):
+    """A model's reply could not be used (provider error, malformed reply). Attribute: provider."""
+
+    def __init__(self, message: str, provider: str = "", status: int | None = None):
+        super().__init__(message)
+        self.provider = provider
+        self.status = status
+
+
+class NeedsKeyError(LLMError):
+    """A provider needs an API key that was not given. Attribute: env_var."""
+
+    def __init__(self, message: str, provider: str = "", env_var: str = ""):
+        super().__init__(message, provider)
+        self.env_var = env_var
+
+
+class VerificationError(CudaforgeError):
+    """A candidate's output differs from the reference. Attributes: trial, max_abs_err, index."""
+
+    def __init__(self, message: str, trial: int = -1, max_abs_err: float = float("nan"), index=None):
+        super().__init__(message)
+        self.trial = trial
+        self.max_abs_err = max_abs_err
+        self.index = index
+
+
+class NoGPUError(CudaforgeError):
+    """A GPU is needed for this call and none is usable; the message says why."""
+
+
+__all__ = [
+    "CudaforgeError",
+    "LibraryNotFound",
+    "CudaError",
+    "KernelFault",
+    "CompileError",
+    "ProfilerError",
+    "HTTPError",
+    "LLMError",
+    "NeedsKeyError",
+    "VerificationError",
+    "NoGPUError",
+]
