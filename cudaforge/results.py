@@ -1,0 +1,97 @@
+"""Results of evaluating a candidate: plain dataclasses that serialize to JSON and back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# status values of an EvalResult, in the order a candidate goes through them
+STATUSES = (
+    "ok",  # compiled, correct, timed
+    "compile_error",  # did not compile (compile_log holds the log)
+    "load_error",  # the candidate's Python failed before a forward (import, __init__)
+    "runtime_error",  # raised during a forward (error holds the message)
+    "incorrect",  # ran, but an output differs (failure holds the first failing trial)
+    "rejected",  # correct values, but a guard refused it (guards says which)
+    "timeout",  # did not finish in time; its worker was replaced
+    "crashed",  # a sticky CUDA error or a dead worker process; the worker was replaced
+)
+
+
+@dataclass
+class TrialFailure:
+    """The first trial whose output differed from the reference."""
+
+    trial: int
+    output_index: int
+    message: str
+    max_abs_err: float = float("nan")
+    max_rel_err: float = float("nan")
+    mismatches: int = 0
+    total: int = 0
+    worst_index: list[int] = field(default_factory=list)
+    expected: float | None = None
+    actual: float | None = None
+
+
+@dataclass
+class KernelTime:
+    """GPU time of one kernel (by name) during the timed forwards, from CUPTI activity records."""
+
+    name: str
+    calls: int
+    total_us: float
+    mean_us: float
+    own: bool  # compiled by the candidate (not a torch/cuBLAS kernel)
+
+
+@dataclass
+class EvalResult:
+    problem: str
+    status: str = "load_error"
+    compiled: bool = False
+    correct: bool = False
+    error: str = ""  # one readable line: what happened
+    compile_log: str = ""
+    failure: TrialFailure | None = None
+    trials: int = 0
+    tolerances: dict[str, float] = field(default_factory=dict)
+    candidate_ms: float | None = None  # median wall time of one forward (CUDA events on a GPU)
+    candidate_spread: float | None = None  # (p75 - p25) / median
+    reference_ms: float | None = None
+    reference_spread: float | None = None
+    compiled_reference_ms: float | None = None  # torch.compile of the reference, when asked
+    speedup: float | None = None  # reference_ms / candidate_ms
+    speedup_vs_compile: float | None = None
+    kernels: list[KernelTime] = field(default_factory=list)
+    own_kernel_share: float | None = None  # share of GPU time in the candidate's own kernels
+    guards: list[str] = field(default_factory=list)  # guards that fired, by name
+    profile: dict[str, Any] | None = None  # hardware metrics (cudaforge.profile), when asked
+    device: str = ""
+    worker: int | None = None
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), allow_nan=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EvalResult":
+        data = dict(data)
+        if data.get("failure") is not None:
+            data["failure"] = TrialFailure(**data["failure"])
+        data["kernels"] = [KernelTime(**k) for k in data.get("kernels", [])]
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_json(cls, text: str) -> "EvalResult":
+        return cls.from_dict(json.loads(text))
