@@ -60,14 +60,21 @@ static int raise_compile_error(cf_state *st, const char *src, const char *name, 
         code++;
         code_len--;
     }
-    PyObject *msg;
+    size_t size = strlen(log) + err_len + (size_t)code_len + 256;
+    char *text = PyMem_Malloc(size);
+    if (text == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if (err_len == 0)
-        msg = PyUnicode_FromFormat("NVRTC could not compile %s:\n%s", name, log);
+        snprintf(text, size, "NVRTC could not compile %s:\n%s", name, log);
     else if (code_len > 0)
-        msg = PyUnicode_FromFormat("%.*s\n    %ld | %.*s\n(full NVRTC log in .log)", (int)err_len,
-                                   err_start, line, code_len, code);
+        snprintf(text, size, "%.*s\n    %ld | %.*s\n(full NVRTC log in .log)", (int)err_len,
+                 err_start, line, code_len, code);
     else
-        msg = PyUnicode_FromFormat("%.*s\n(full NVRTC log in .log)", (int)err_len, err_start);
+        snprintf(text, size, "%.*s\n(full NVRTC log in .log)", (int)err_len, err_start);
+    PyObject *msg = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    PyMem_Free(text);
     if (msg == NULL)
         return -1;
     PyObject *attrs = Py_BuildValue("{s:s,s:O,s:l,s:s}", "log", log, "options", options, "line",

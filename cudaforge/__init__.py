@@ -1,1 +1,68 @@
-"""cudaforge: LLM-written CUDA kernels, proven on the GPU."""
+"""cudaforge: LLM agents write CUDA kernels for a PyTorch model's hot ops; each kernel is proven
+against the PyTorch reference on the GPU before it is used.
+
+Imports on any machine: the CUDA libraries are loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .errors import (
+    CompileError,
+    CudaError,
+    CudaforgeError,
+    HTTPError,
+    KernelFault,
+    LibraryNotFound,
+    LLMError,
+    NeedsKeyError,
+    NoGPUError,
+    ProfilerError,
+    VerificationError,
+)
+from .kernel import CompiledModule, compile, synchronize
+from .results import EvalResult
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; imported on first use so that `import cudaforge` stays light
+_LAZY = {
+    "Problem": "problem",
+    "evaluate": "evaluate",
+    "WorkerPool": "worker",
+    "profile": "profile",
+    "optimize": "optimize",
+    "load": "optimize",
+    "restore": "swap",
+    "doctor": "doctor",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cudaforge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "compile",
+    "synchronize",
+    "CompiledModule",
+    "EvalResult",
+    "CudaforgeError",
+    "LibraryNotFound",
+    "CudaError",
+    "KernelFault",
+    "CompileError",
+    "ProfilerError",
+    "HTTPError",
+    "LLMError",
+    "NeedsKeyError",
+    "NoGPUError",
+    "VerificationError",
+    *_LAZY,
+]
