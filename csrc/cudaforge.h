@@ -13,6 +13,10 @@
 #include <cuda.h>
 #include <nvrtc.h>
 #include <cupti.h>
+#include <cupti_profiler_host.h> /* needs csrc/shim/string: the header includes <string> */
+#include <cupti_profiler_target.h>
+#include <cupti_range_profiler.h>
+#include <cupti_target.h>
 #include <stdint.h>
 
 /* ---------------------------------------------------------------- module state */
@@ -93,7 +97,41 @@ cf_state *cf_state_from_type(PyTypeObject *type);
 /* CUPTI: timing.c and metrics.c add the names they use here. */
 #define CF_CUPTI_API(X)                                                                            \
     X(cuptiGetVersion)                                                                             \
-    X(cuptiGetResultString)
+    X(cuptiGetResultString)                                                                        \
+    /* timing.c */                                                                                 \
+    X(cuptiActivityRegisterCallbacks)                                                              \
+    X(cuptiActivityRegisterTimestampCallback)                                                      \
+    X(cuptiActivityEnable)                                                                         \
+    X(cuptiActivityDisable)                                                                        \
+    X(cuptiActivityFlushAll)                                                                       \
+    X(cuptiActivityGetNextRecord)                                                                  \
+    X(cuptiActivityGetNumDroppedRecords)                                                           \
+    /* metrics.c */                                                                                \
+    X(cuptiProfilerInitialize)                                                                     \
+    X(cuptiProfilerDeviceSupported)                                                                \
+    X(cuptiDeviceGetChipName)                                                                      \
+    X(cuptiProfilerGetCounterAvailability)                                                         \
+    X(cuptiProfilerHostGetSupportedChips)                                                          \
+    X(cuptiProfilerHostInitialize)                                                                 \
+    X(cuptiProfilerHostDeinitialize)                                                               \
+    X(cuptiProfilerHostGetBaseMetrics)                                                             \
+    X(cuptiProfilerHostGetSubMetrics)                                                              \
+    X(cuptiProfilerHostGetMetricProperties)                                                        \
+    X(cuptiProfilerHostConfigAddMetrics)                                                           \
+    X(cuptiProfilerHostGetConfigImageSize)                                                         \
+    X(cuptiProfilerHostGetConfigImage)                                                             \
+    X(cuptiProfilerHostGetNumOfPasses)                                                             \
+    X(cuptiProfilerHostEvaluateToGpuValues)                                                        \
+    X(cuptiRangeProfilerEnable)                                                                    \
+    X(cuptiRangeProfilerDisable)                                                                   \
+    X(cuptiRangeProfilerGetCounterDataSize)                                                        \
+    X(cuptiRangeProfilerCounterDataImageInitialize)                                                \
+    X(cuptiRangeProfilerSetConfig)                                                                 \
+    X(cuptiRangeProfilerStart)                                                                     \
+    X(cuptiRangeProfilerStop)                                                                      \
+    X(cuptiRangeProfilerDecodeData)                                                                \
+    X(cuptiRangeProfilerGetCounterDataInfo)                                                        \
+    X(cuptiRangeProfilerCounterDataGetRangeInfo)
 
 #define CF_DECLARE_MEMBER(name) __typeof__(&name) name;
 typedef struct {
@@ -170,6 +208,49 @@ int cf_is_sticky(CUresult status);
             goto error;                                                                            \
         }                                                                                          \
     } while (0)
+
+/* libcurl (http.c). The header does not include curl.h: `code` is a CURLcode, 0 is CURLE_OK. */
+int cf_raise_curl(cf_state *st, int code, const char *call, const char *file, int line);
+
+#define CF_CURL(call)                                                                              \
+    do {                                                                                           \
+        int cf_status_ = (int)(call);                                                              \
+        if (cf_status_ != 0) {                                                                     \
+            cf_raise_curl(st, cf_status_, #call, __FILE__, __LINE__);                              \
+            goto error;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* The same with the GIL released around the call (profiling passes, flushes). */
+#define CF_CUPTI_NOGIL(call)                                                                       \
+    do {                                                                                           \
+        CUptiResult cf_status_;                                                                    \
+        Py_BEGIN_ALLOW_THREADS cf_status_ = (call);                                                \
+        Py_END_ALLOW_THREADS if (cf_status_ != CUPTI_SUCCESS) {                                    \
+            cf_raise_cupti(st, cf_status_, #call, __FILE__, __LINE__);                             \
+            goto error;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* ---------------------------------------------------------------- CUPTI activity (timing.c) */
+
+/* One kernel execution as seen by the activity API, copied out of CUPTI's buffers. */
+typedef struct {
+    const char *name; /* owned by timing.c's name table, valid for the process */
+    uint64_t start_ns, end_ns;
+    uint32_t stream, correlation_id, device, context;
+    int32_t grid[3], block[3];
+    int32_t static_shared, dynamic_shared;
+    uint32_t shared_executed; /* the shared memory carveout the driver chose, bytes */
+    uint32_t local_bytes;     /* per thread */
+    uint16_t registers;
+} cf_kernel_record;
+
+/* For metrics.c, which names the ranges of a profile by tracing the same launches: start a
+ * trace (-1 with ProfilerError set if a trace is already running or CUPTI refuses), and stop it,
+ * handing over a malloc'ed array of records sorted by correlation id (free with free()). */
+int cf_trace_begin(cf_state *st);
+int cf_trace_end(cf_state *st, cf_kernel_record **records, size_t *count, uint64_t *dropped);
 
 /* ---------------------------------------------------------------- one exec per file */
 
