@@ -252,6 +252,10 @@ typedef struct {
 int cf_trace_begin(cf_state *st);
 int cf_trace_end(cf_state *st, cf_kernel_record **records, size_t *count, uint64_t *dropped);
 
+/* metrics.c: after a CF_CUPTI failure, rewrite the pending ProfilerError's message with the way
+ * out (the privileges knob, the other subscriber, ...) and set .reason accordingly. */
+void cf_cupti_explain(cf_state *st);
+
 /* ---------------------------------------------------------------- one exec per file */
 
 int cf_errors_exec(PyObject *m);
