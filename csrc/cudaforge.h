@@ -48,34 +48,37 @@ cf_state *cf_state_from_type(PyTypeObject *type);
 /* ---------------------------------------------------------------- loaded libraries (loader.c) */
 
 /* Each X-list names the functions a file uses; the table member gets the prototype's type from
- * the header, so a name that cuda.h maps to a _v2 symbol keeps the _v2 signature. */
+ * the header, so a name that cuda.h maps to a _v2 symbol keeps the _v2 signature. The driver's
+ * functions also carry the CUDA version whose ABI matches that prototype (cudaTypedefs.h's
+ * PFN_<name>_v<version>): cuGetProcAddress at CUDA 13.0 would return e.g. cuCtxGetDevice_v2,
+ * which takes an extra context argument. */
 #define CF_CUDA_API(X)                                                                             \
-    X(cuInit)                                                                                      \
-    X(cuDriverGetVersion)                                                                          \
-    X(cuGetErrorName)                                                                              \
-    X(cuGetErrorString)                                                                            \
-    X(cuDeviceGet)                                                                                 \
-    X(cuDeviceGetCount)                                                                            \
-    X(cuDeviceGetName)                                                                             \
-    X(cuDeviceGetAttribute)                                                                        \
-    X(cuDeviceTotalMem)                                                                            \
-    X(cuDevicePrimaryCtxRetain)                                                                    \
-    X(cuCtxGetCurrent)                                                                             \
-    X(cuCtxSetCurrent)                                                                             \
-    X(cuCtxGetDevice)                                                                              \
-    X(cuCtxSynchronize)                                                                            \
-    X(cuModuleLoadData)                                                                            \
-    X(cuModuleUnload)                                                                              \
-    X(cuModuleGetFunction)                                                                         \
-    X(cuFuncGetAttribute)                                                                          \
-    X(cuFuncSetAttribute)                                                                          \
-    X(cuFuncGetParamInfo)                                                                          \
-    X(cuLaunchKernel)                                                                              \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                                                 \
-    X(cuStreamSynchronize)                                                                         \
-    X(cuStreamQuery)                                                                               \
-    X(cuMemGetInfo)                                                                                \
-    X(cuMemsetD32Async)
+    X(cuInit, 2000)                                                                                \
+    X(cuDriverGetVersion, 2020)                                                                    \
+    X(cuGetErrorName, 6000)                                                                        \
+    X(cuGetErrorString, 6000)                                                                      \
+    X(cuDeviceGet, 2000)                                                                           \
+    X(cuDeviceGetCount, 2000)                                                                      \
+    X(cuDeviceGetName, 2000)                                                                       \
+    X(cuDeviceGetAttribute, 2000)                                                                  \
+    X(cuDeviceTotalMem, 3020)                                                                      \
+    X(cuDevicePrimaryCtxRetain, 7000)                                                              \
+    X(cuCtxGetCurrent, 4000)                                                                       \
+    X(cuCtxSetCurrent, 4000)                                                                       \
+    X(cuCtxGetDevice, 2000)                                                                        \
+    X(cuCtxSynchronize, 2000)                                                                      \
+    X(cuModuleLoadData, 2000)                                                                      \
+    X(cuModuleUnload, 2000)                                                                        \
+    X(cuModuleGetFunction, 2000)                                                                   \
+    X(cuFuncGetAttribute, 2020)                                                                    \
+    X(cuFuncSetAttribute, 9000)                                                                    \
+    X(cuFuncGetParamInfo, 12040)                                                                   \
+    X(cuLaunchKernel, 4000)                                                                        \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050)                                           \
+    X(cuStreamSynchronize, 2000)                                                                   \
+    X(cuStreamQuery, 2000)                                                                         \
+    X(cuMemGetInfo, 3020)                                                                          \
+    X(cuMemsetD32Async, 3020)
 
 #define CF_NVRTC_API(X)                                                                            \
     X(nvrtcVersion)                                                                                \
@@ -134,8 +137,9 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(cuptiRangeProfilerCounterDataGetRangeInfo)
 
 #define CF_DECLARE_MEMBER(name) __typeof__(&name) name;
+#define CF_DECLARE_VERSIONED_MEMBER(name, version) __typeof__(&name) name;
 typedef struct {
-    CF_CUDA_API(CF_DECLARE_MEMBER)
+    CF_CUDA_API(CF_DECLARE_VERSIONED_MEMBER)
 } cf_cuda_table;
 typedef struct {
     CF_NVRTC_API(CF_DECLARE_MEMBER)

@@ -36,11 +36,11 @@ static int fill_cuda(cf_state *st, void *handle, char *why, size_t why_size)
         return -1;
     }
     CUdriverProcAddressQueryResult found;
-#define CF_RESOLVE_CU(name)                                                                        \
-    if (get_proc(#name, (void **)&cf_cu.name, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT,           \
-                 &found) != CUDA_SUCCESS ||                                                        \
+#define CF_RESOLVE_CU(name, version)                                                               \
+    if (get_proc(#name, (void **)&cf_cu.name, version, CU_GET_PROC_ADDRESS_DEFAULT, &found) !=      \
+            CUDA_SUCCESS ||                                                                        \
         found != CU_GET_PROC_ADDRESS_SUCCESS || cf_cu.name == NULL) {                              \
-        snprintf(why, why_size, "the driver has no %s for CUDA %d", #name, CUDA_VERSION);          \
+        snprintf(why, why_size, "the driver has no %s (CUDA %d ABI)", #name, version);             \
         return -1;                                                                                 \
     }
     CF_CUDA_API(CF_RESOLVE_CU)

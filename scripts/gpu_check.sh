@@ -20,7 +20,7 @@ python3 -m pytest -q -rs -p no:cacheprovider tests/ --junitxml="$OUT/work/junit.
 if [ "$mode" = full ]; then
   for bench in benchmarks/*.py; do
     step "$bench"
-    timeout 900 python3 "$bench" --out "$OUT/work" 2>&1 | tee -a "$log" | tail -60
+    timeout 900 python3 -X faulthandler "$bench" --out "$OUT/work" 2>&1 | tee -a "$log" | tail -60
   done
 fi
 step done
