@@ -7,6 +7,7 @@ sys.path -> $CUDA_HOME -> /usr/local/cuda -> the system loader path.
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 import sys
@@ -94,8 +95,10 @@ def ensure(kind: str) -> str:
         return _core.load_library(kind, paths)
 
 
+@functools.lru_cache(maxsize=1)
 def include_dirs() -> list[str]:
-    """Header folders for NVRTC: cuda_fp16.h and friends, and CCCL where present."""
+    """Header folders for NVRTC: cuda_fp16.h and friends, CCCL where present, and last
+    cudaforge's own small C headers (stdint.h, cmath, cfloat, ...) that NVRTC does not ship."""
     out = []
     for path in sys.path:
         out += [d for d in glob.glob(os.path.join(path, "nvidia", "cu1[23]", "include"))]
@@ -105,5 +108,6 @@ def include_dirs() -> list[str]:
             out.append(inc)
         if os.path.isdir(os.path.join(inc, "cccl")):
             out.append(os.path.join(inc, "cccl"))
+    out.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "include"))
     seen = set()
     return [d for d in out if not (d in seen or seen.add(d))]

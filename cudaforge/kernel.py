@@ -7,6 +7,7 @@ options, arch, NVRTC version, header folders), written atomically. A `CompiledMo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 from . import _core, _libs
 from .errors import NoGPUError
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # bump when the options or cudaforge/include change
 _MAGIC = b"CUDAFORGE-KERNEL\n"
 _memory_cache: dict[str, dict] = {}
 _memory_lock = threading.Lock()
@@ -48,10 +49,10 @@ def normalize_arch(arch) -> str:
     if not re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", text):
         raise ValueError(f"arch {arch!r} is not like 'sm_90', 'sm_90a' or 'compute_90'")
     number = int(re.sub(r"\D", "", text))
-    supported = set(_core.nvrtc_supported_archs())
+    supported = _supported_archs()
     if number not in supported:
         raise ValueError(
-            f"arch {text}: NVRTC {'.'.join(map(str, _core.nvrtc_version()))} targets only "
+            f"arch {text}: NVRTC {'.'.join(map(str, _nvrtc_version()))} targets only "
             + ", ".join(f"sm_{a}" for a in sorted(supported))
         )
     return text
@@ -72,7 +73,7 @@ def current_arch(device: int | None = None) -> str:
         device = _torch_current_device()
     info = _core.device_info(device)
     cc = info["cc_major"] * 10 + info["cc_minor"]
-    supported = sorted(_core.nvrtc_supported_archs())
+    supported = sorted(_supported_archs())
     if cc in supported:
         return f"sm_{cc}a" if info["cc_major"] >= 9 else f"sm_{cc}"
     older = [a for a in supported if a <= cc]
@@ -277,11 +278,20 @@ def _hook_torch() -> None:
     _torch_hooked = True
 
 
+@functools.lru_cache(maxsize=1)
+def _nvrtc_version() -> tuple[int, int]:
+    return _core.nvrtc_version()
+
+
+@functools.lru_cache(maxsize=1)
+def _supported_archs() -> frozenset[int]:
+    return frozenset(_core.nvrtc_supported_archs())
+
+
 def _cache_key(source, options, arch, name_expressions) -> str:
     payload = json.dumps(
-        [CACHE_FORMAT, source, list(options), arch, list(name_expressions),
-         list(_core.nvrtc_version()), _libs.include_dirs()]
-    )  # fmt: skip
+        [CACHE_FORMAT, source, list(options), arch, list(name_expressions), _nvrtc_version()]
+    )  # options hold the include folders
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -307,7 +317,7 @@ def _read_cache(path: Path) -> dict | None:
 
 
 def _write_cache(path: Path, entry: dict) -> None:
-    header = {k: v for k, v in entry.items() if k != "image"}
+    header = {k: v for k, v in entry.items() if k in ("log", "lowered")}
     header["sha256"] = hashlib.sha256(entry["image"]).hexdigest()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -339,7 +349,8 @@ def compile(
         raise ValueError("source must be a non-empty string of CUDA C++")
     _libs.ensure("nvrtc")
     arch = normalize_arch(arch) if arch is not None else current_arch()
-    full_options = [f"--gpu-architecture={arch}", "--std=c++17", "-lineinfo"]
+    full_options = [f"--gpu-architecture={arch}", "--std=c++17", "-lineinfo",
+                    "--pre-include=cudaforge_prelude.h"]
     if arch.startswith("sm_"):
         full_options.append("--ptxas-options=--verbose")
     full_options += [f"-I{d}" for d in _libs.include_dirs()] + [str(o) for o in options]
@@ -372,7 +383,7 @@ def compile(
         image=entry["image"],
         log=entry["log"],
         lowered=dict(entry["lowered"]),
-        signatures=find_kernels(source),
+        signatures=entry.setdefault("signatures", find_kernels(source)),
         cached=cached,
         compile_seconds=time.perf_counter() - started,
     )

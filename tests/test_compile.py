@@ -189,3 +189,20 @@ def test_doctor_without_gpu_exits_zero():
 def test_unknown_library_kind():
     with pytest.raises(ValueError, match="unknown library kind"):
         cudaforge._core.load_library("cudnn", [])
+
+
+def test_c_standard_names_compile_without_includes():
+    # NVRTC ships no C headers; cudaforge's prelude and headers give the common names
+    src = r"""
+#include <cstdint>
+#include <cmath>
+#include <cfloat>
+#include <climits>
+extern "C" __global__ void k(float* x, int64_t* y, uint32_t n) {
+    x[0] = -INFINITY + FLT_MAX * 0.f + std::sqrt(x[1]) + (float)M_PI;
+    y[0] = INT_MAX + (int64_t)n + std::int64_t(UINT8_MAX);
+}
+"""
+    assert cudaforge.compile(src, arch="sm_90").signatures["k"].codes == "ppI"
+    bare = 'extern "C" __global__ void k(float* x, int64_t n) { x[0] = INFINITY + FLT_MAX + n; }'
+    assert cudaforge.compile(bare, arch="sm_90").signatures["k"].codes == "pl"

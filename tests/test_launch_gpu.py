@@ -25,7 +25,7 @@ extern "C" __global__ void row_softmax(const float* x, float* y, int cols) {
     extern __shared__ float scratch[];
     const float* row = x + (long long)blockIdx.x * cols;
     float* out = y + (long long)blockIdx.x * cols;
-    float m = -INFINITY;
+    float m = -INFINITY;  // from the prelude: NVRTC has no <math.h>
     for (int j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, row[j]);
     scratch[threadIdx.x] = m;
     __syncthreads();
