@@ -16,8 +16,8 @@ from cudaforge.errors import LLMError, NeedsKeyError
 from cudaforge.llm import (
     AnthropicChat,
     OpenAIChat,
-    Reply,
     ReplayProvider,
+    Reply,
     RetryPolicy,
     ScriptedProvider,
     Usage,
