@@ -275,7 +275,8 @@ static PyObject *parse_headers(const buffer *raw)
         const char *eol = memchr(p, '\n', (size_t)(end - p));
         const char *line_end = eol ? eol : end;
         const char *colon = memchr(p, ':', (size_t)(line_end - p));
-        if (colon != NULL && colon > p && memcmp(p, "HTTP/", 5) != 0) {
+        int status_line = line_end - p >= 5 && memcmp(p, "HTTP/", 5) == 0;
+        if (colon != NULL && colon > p && !status_line) {
             const char *v = colon + 1, *v_end = line_end;
             while (v < v_end && (*v == ' ' || *v == '\t'))
                 v++;
@@ -324,11 +325,11 @@ static PyObject *http_post(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     if (!(timeout > 0.0 && isfinite(timeout)) ||
         !(connect_timeout > 0.0 && isfinite(connect_timeout))) {
-        PyErr_Format(PyExc_ValueError,
-                     "http_post: timeout and connect_timeout must be positive seconds, got %R "
-                     "and %R",
-                     PyTuple_GET_SIZE(args) > 3 ? PyTuple_GET_ITEM(args, 3) : Py_None,
-                     PyTuple_GET_SIZE(args) > 4 ? PyTuple_GET_ITEM(args, 4) : Py_None);
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "http_post: timeout and connect_timeout must be positive seconds, got %g and %g",
+                 timeout, connect_timeout);
+        PyErr_SetString(PyExc_ValueError, msg);
         return NULL;
     }
     const char *data;
