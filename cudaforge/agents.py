@@ -405,14 +405,22 @@ class Attempt:
         return self.result.ok
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "round": self.round,
-            "lane": self.lane,
-            "task": self.task,
-            "source": self.source,
-            "result": self.result.to_dict(),
-            "advice": self.advice,
-        }
+        """A JSON-able dict, API keys redacted."""
+        return _redacted(
+            {
+                "round": self.round,
+                "lane": self.lane,
+                "task": self.task,
+                "source": self.source,
+                "result": self.result.to_dict(),
+                "advice": self.advice,
+            }
+        )
+
+
+def _redacted(data: Any) -> Any:
+    """`data` (JSON-able) with every API key replaced (see cudaforge.llm.redact)."""
+    return json.loads(redact(json.dumps(data, default=str)))
 
 
 def _speed_key(result: EvalResult) -> tuple[float, float]:
@@ -448,16 +456,19 @@ class LoopResult:
         return self.best.result.speedup if self.best else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "problem": self.problem,
-            "best": self.best.to_dict() if self.best else None,
-            "attempts": [a.to_dict() for a in self.attempts],
-            "stop_reason": self.stop_reason,
-            "rounds": self.rounds,
-            "usage": {k: u.to_dict() for k, u in self.usage.items()},
-            "seconds": self.seconds,
-            "transcript": self.transcript,
-        }
+        """A JSON-able dict for reports, API keys redacted."""
+        return _redacted(
+            {
+                "problem": self.problem,
+                "best": self.best.to_dict() if self.best else None,
+                "attempts": [a.to_dict() for a in self.attempts],
+                "stop_reason": self.stop_reason,
+                "rounds": self.rounds,
+                "usage": {k: u.to_dict() for k, u in self.usage.items()},
+                "seconds": self.seconds,
+                "transcript": self.transcript,
+            }
+        )
 
 
 @dataclass

@@ -376,7 +376,8 @@ def test_transcript_redacts_api_keys(tmp_path, monkeypatch):
     with LLMServer() as server:
         server.push_text(coder_reply(candidate(CORRECT, 1.0)) + "\nFIXTURE echo: {auth}")
         server.push_text("BOTTLENECK: FIXTURE {auth}\nOPTIMIZATION: x\nVERDICT: CONTINUE")
-        server.push_error(401, f"FIXTURE bad key {anthropic_key}")
+        server.push_text(coder_reply(candidate(CORRECT, 0.5)))
+        server.push_error(401, f"FIXTURE bad key {openai_key}")
         out = run_loop(
             PROBLEM,
             CPUEvaluator(),
@@ -390,7 +391,10 @@ def test_transcript_redacts_api_keys(tmp_path, monkeypatch):
     assert "FIXTURE echo: [redacted]" in text and "BOTTLENECK: FIXTURE [redacted]" in text
     assert "HTTP 401" in text and out.stop_reason.startswith("llm_error")
     assert openai_key not in text and anthropic_key not in text
-    assert openai_key not in repr(out.to_dict()) and anthropic_key not in repr(out.to_dict())
+    assert openai_key in out.attempts[1].advice  # the echo reached the loop ...
+    report = json.dumps(out.to_dict())
+    assert openai_key not in report and anthropic_key not in report  # ... but not its report
+    assert "[redacted]" in report
 
 
 def test_loop_over_http_with_a_reply_without_code(tmp_path, monkeypatch):
