@@ -557,9 +557,17 @@ static PyObject *profiler_base_metrics(PyObject *self, PyObject *args, PyObject 
     if (st == NULL || check_ready(p) < 0 ||
         !PyArg_ParseTupleAndKeywords(args, kwargs, "|z:base_metrics", kwlist, &type))
         return NULL;
+    /* A scratch host object: CUPTI appends to the lists it returns on every query of the same
+     * host object (seen with CUDA 13.0: the second call gave each name twice). */
+    const char *chip = PyUnicode_AsUTF8(p->chip);
+    if (chip == NULL)
+        return NULL;
+    CUpti_Profiler_Host_Object *host = host_open(st, chip, p->availability);
+    if (host == NULL)
+        return NULL;
     out = PyDict_New();
     if (out == NULL)
-        return NULL;
+        goto error;
     int found = 0;
     for (int t = 0; t < CUPTI_METRIC_TYPE__COUNT; t++) {
         if (type != NULL && strcmp(type, type_names[t]) != 0)
@@ -567,7 +575,7 @@ static PyObject *profiler_base_metrics(PyObject *self, PyObject *args, PyObject 
         found = 1;
         CUpti_Profiler_Host_GetBaseMetrics_Params q = {
             .structSize = CUpti_Profiler_Host_GetBaseMetrics_Params_STRUCT_SIZE,
-            .pHostObject = p->host,
+            .pHostObject = host,
             .metricType = (CUpti_MetricType)t,
         };
         CF_CUPTI(cf_cupti.cuptiProfilerHostGetBaseMetrics(&q));
@@ -592,6 +600,7 @@ static PyObject *profiler_base_metrics(PyObject *self, PyObject *args, PyObject 
                      type);
         goto error;
     }
+    host_close(host);
     if (type != NULL) {
         PyObject *list = Py_NewRef(PyDict_GetItemString(out, type));
         Py_DECREF(out);
@@ -599,6 +608,7 @@ static PyObject *profiler_base_metrics(PyObject *self, PyObject *args, PyObject 
     }
     return out;
 error:
+    host_close(host);
     Py_XDECREF(out);
     return NULL;
 }
@@ -651,6 +661,7 @@ static PyObject *profiler_submetrics(PyObject *self, PyObject *arg)
 {
     cf_profiler *p = (cf_profiler *)self;
     cf_state *st = cf_state_from_type(Py_TYPE(self));
+    CUpti_Profiler_Host_Object *host = NULL;
     if (st == NULL || check_ready(p) < 0)
         return NULL;
     const char *name = PyUnicode_AsUTF8(arg);
@@ -667,9 +678,15 @@ static PyObject *profiler_submetrics(PyObject *self, PyObject *arg)
         return NULL;
     }
     CF_CUPTI(status);
+    const char *chip = PyUnicode_AsUTF8(p->chip);
+    if (chip == NULL)
+        return NULL;
+    host = host_open(st, chip, p->availability); /* scratch: see base_metrics */
+    if (host == NULL)
+        return NULL;
     CUpti_Profiler_Host_GetSubMetrics_Params q = {
         .structSize = CUpti_Profiler_Host_GetSubMetrics_Params_STRUCT_SIZE,
-        .pHostObject = p->host,
+        .pHostObject = host,
         .metricType = props.metricType,
         .pMetricName = name,
     };
@@ -683,8 +700,10 @@ static PyObject *profiler_submetrics(PyObject *self, PyObject *arg)
         }
         PyList_SET_ITEM(out, (Py_ssize_t)i, s);
     }
+    host_close(host);
     return out;
 error:
+    host_close(host);
     return NULL;
 }
 

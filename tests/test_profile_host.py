@@ -1,0 +1,256 @@
+"""profile.py and metrics.c without a GPU: metric list parsing, offline validation through CUPTI's
+profiler host API for GH100 (H100/H200), pass counts, and the occupancy calculator behind the
+launch__* metrics."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+import cudaforge.profile as prof
+from cudaforge import _core, _libs
+
+# The paper's list as DESIGN.md writes it (ncu --metrics syntax, with one {a,b,...} group).
+PAPER_SPEC = (
+    "sm__cycles_active.avg, sm__warps_active.avg.pct_of_peak_sustained_active, "
+    "launch__occupancy_limit_blocks, launch__occupancy_limit_registers, "
+    "launch__occupancy_limit_shared_mem, launch__registers_per_thread, sm__inst_executed.sum, "
+    "sm__inst_executed_pipe_fp32.avg.pct_of_peak_sustained_active, "
+    "sm__inst_executed_pipe_tensor.avg.pct_of_peak_sustained_active, dram__bytes_read.sum, "
+    "dram__bytes_write.sum, dram__throughput.avg.pct_of_peak_sustained_elapsed, "
+    "dram__bytes.sum.per_second, gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed, "
+    "l1tex__t_sector_hit_rate.pct, l1tex__throughput.avg.pct_of_peak_sustained_active, "
+    "lts__t_sector_hit_rate.pct, lts__throughput.avg.pct_of_peak_sustained_active, "
+    "smsp__warp_issue_stalled_{memory_dependency,short_scoreboard,long_scoreboard,barrier,"
+    "branch_resolving}_per_warp_active.pct, smsp__sass_average_branch_targets_threads_uniform.pct"
+)
+MEMORY_DEPENDENCY = "smsp__warp_issue_stalled_memory_dependency_per_warp_active.pct"
+FP32_PIPE = "sm__inst_executed_pipe_fp32.avg.pct_of_peak_sustained_active"
+
+
+@functools.lru_cache(maxsize=1)
+def host_api_missing() -> str | None:
+    try:
+        _libs.ensure("cupti")
+        _core.profiler_supported_chips()
+    except (_core.LibraryNotFound, _core.ProfilerError, OSError) as exc:
+        return f"CUPTI's profiler host API (libcupti + libnvperf_host) cannot load: {exc}"
+    return None
+
+
+@pytest.fixture
+def host_api():
+    reason = host_api_missing()
+    if reason:
+        print(reason)
+        pytest.skip(reason)
+
+
+# ---------------------------------------------------------------- parsing (pure Python)
+
+
+def test_paper_list_parses_to_the_24_metrics():
+    names = prof.parse_metrics(PAPER_SPEC)
+    assert names == list(prof.METRICS)
+    assert len(set(names)) == 24
+    assert MEMORY_DEPENDENCY in names and FP32_PIPE in names
+
+
+def test_parse_accepts_lists_whitespace_and_drops_repeats():
+    assert prof.parse_metrics("a__b.sum  c__d.avg,a__b.sum\n e__f.pct") == [
+        "a__b.sum",
+        "c__d.avg",
+        "e__f.pct",
+    ]
+    assert prof.parse_metrics(["x__y.sum", " x__y.sum ", "z__w.{min,max}"]) == [
+        "x__y.sum",
+        "z__w.min",
+        "z__w.max",
+    ]
+    assert prof.parse_metrics("") == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("dram__bytes.sum, bad name!", "name!"),
+        ("a__b.{sum,avg", "unbalanced"),
+        ("a__b.sum}", "unbalanced"),
+        ("dram__bytes..sum", "dram__bytes..sum"),
+    ],
+)
+def test_parse_rejects_malformed_names_by_name(spec, needle):
+    with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
+        prof.parse_metrics(spec)
+
+
+def test_parse_rejects_non_strings():
+    with pytest.raises(TypeError):
+        prof.parse_metrics(["a__b.sum", 3])
+
+
+# ---------------------------------------------------------------- host API: GH100
+
+
+def test_gh100_plan_for_the_paper_list(host_api):
+    plan = prof.check_metrics(prof.METRICS, "GH100")
+    assert plan.chip == "GH100"
+    assert plan.launch == [m for m in prof.METRICS if m.startswith("launch__")]
+    assert len(plan.launch) == 4
+    # the two names GH100 lacks: one stands in, one has no equivalent; none silently dropped
+    assert plan.substitutes == {
+        FP32_PIPE: "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active"
+    }
+    assert list(plan.unavailable) == [MEMORY_DEPENDENCY]
+    assert "long_scoreboard" in plan.unavailable[MEMORY_DEPENDENCY]
+    accounted = set(plan.collect) | set(plan.launch) | set(plan.unavailable) | set(plan.substitutes)
+    assert set(prof.METRICS) <= accounted
+    assert len(plan.collect) == 19
+    # measured on the H200 (CUPTI_NOTES: offline pass counts matched the device): 6 passes
+    assert plan.passes == 6
+
+
+def test_unknown_metrics_are_reported_by_name_not_dropped(host_api):
+    p = _core.Profiler(
+        [
+            "dram__bytes_read.sum",
+            "foo__bar.sum",
+            "dram__bytes.sum.bogus",
+            "launch__registers_per_thread",
+            "dram__bytes_read",  # known base metric, but without a rollup it cannot be collected
+            "dram__bytes_read.sum",  # repeated: collected once
+        ],
+        chip="GH100",
+    )
+    assert p.metrics == ("dram__bytes_read.sum",)
+    assert set(p.unsupported) == {
+        "foo__bar.sum",
+        "dram__bytes.sum.bogus",
+        "launch__registers_per_thread",
+        "dram__bytes_read",
+    }
+    assert "no metric 'foo__bar' on chip GH100" in p.unsupported["foo__bar.sum"]
+    assert "suffix '.sum.bogus'" in p.unsupported["dram__bytes.sum.bogus"]
+    assert "not a hardware counter" in p.unsupported["launch__registers_per_thread"]
+    assert p.passes == 1
+    assert p.device is None and p.chip == "GH100"
+
+
+def test_pass_counts_grow_with_the_list(host_api):
+    one = _core.Profiler(["dram__bytes_read.sum"], chip="GH100").passes
+    many = _core.Profiler(
+        ["dram__bytes_read.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed"],
+        chip="GH100",
+    ).passes
+    assert one == 1
+    assert many > one
+    assert _core.Profiler([], chip="GH100").passes == 0
+
+
+def test_base_metrics_properties_and_submetrics(host_api):
+    p = _core.Profiler([], chip="GH100")
+    base = p.base_metrics()
+    assert set(base) == {"counter", "ratio", "throughput"}
+    everything = {m for names in base.values() for m in names}
+    assert {"dram__bytes_read", "sm__inst_executed_pipe_fma", "dram__throughput"} <= everything
+    assert "sm__inst_executed_pipe_fp32" not in everything
+    assert p.base_metrics("throughput") == base["throughput"]
+    assert prof.base_metrics("GH100") == base
+    props = p.properties("dram__throughput.avg.pct_of_peak_sustained_elapsed")
+    assert props["dim_unit"] == "percent" and props["type"] == "throughput"
+    assert ".avg.pct_of_peak_sustained_elapsed" in p.submetrics("dram__throughput")
+    with pytest.raises(KeyError, match="foo__bar"):
+        p.properties("foo__bar.sum")
+    with pytest.raises(ValueError, match="type must be"):
+        p.base_metrics("bogus")
+
+
+def test_offline_profiler_refuses_to_profile_and_bad_arguments(host_api):
+    p = _core.Profiler(["dram__bytes_read.sum"], chip="GH100")
+    with pytest.raises(ValueError, match="offline"):
+        p.profile(lambda: None)
+    with pytest.raises(ValueError, match="NOT_A_CHIP"):
+        _core.Profiler(["dram__bytes_read.sum"], chip="NOT_A_CHIP")
+    with pytest.raises(TypeError, match="list of names"):
+        _core.Profiler("dram__bytes_read.sum", chip="GH100")
+    with pytest.raises(TypeError, match="must be str"):
+        _core.Profiler([b"dram__bytes_read.sum"], chip="GH100")
+    assert "GH100" in _core.profiler_supported_chips()
+
+
+def test_timing_needs_a_start():
+    with pytest.raises(RuntimeError, match="without timing_start"):
+        _core.timing_stop()
+    stats = _core.timing_stats()
+    assert (
+        stats["active"] is False
+        and stats["dropped"] == stats["dropped_by_cupti"] + stats["dropped_over_limit"]
+    )
+
+
+# ---------------------------------------------------------------- occupancy (launch__*)
+
+
+@pytest.mark.parametrize(
+    ("regs", "threads", "smem", "blocks", "pct", "limiter"),
+    [
+        (32, 256, 0, 8, 100.0, {"registers", "warps"}),  # 64 warps: full
+        (64, 1024, 0, 1, 50.0, {"registers"}),  # 2048 regs/warp: 32 warps/SM
+        (38, 256, 0, 6, 75.0, {"registers"}),  # 38*32 rounds up to 1280 per warp
+        (16, 128, 48 * 1024, 4, 25.0, {"shared_mem"}),  # (48 KB + 1 KB reserved) per block
+        (16, 32, 0, 32, 50.0, {"blocks"}),  # tiny blocks: the 32 blocks/SM limit
+        (255, 256, 0, 1, 12.5, {"registers"}),  # 8192 regs per warp: 8 warps
+        (255, 512, 0, 0, 0.0, {"registers"}),  # over 65536 registers per block: no launch
+    ],
+)
+def test_occupancy_matches_the_cuda_calculator(regs, threads, smem, blocks, pct, limiter):
+    occ = prof.occupancy(regs, threads, smem)
+    assert occ.blocks_per_sm == blocks
+    assert occ.theoretical_pct == pytest.approx(pct)
+    assert set(occ.limiter) == limiter
+
+
+def test_occupancy_uses_the_driver_carveout():
+    # with an 8 KB carveout chosen by the driver, 1 KB reserved per block allows 8 blocks
+    occ = prof.occupancy(16, 64, 0, shared_config=8 * 1024)
+    assert occ.limits["shared_mem"] == 8
+    assert occ.shared_config_bytes == 8192
+
+
+def test_launch_metrics_names_and_values():
+    occ = prof.occupancy(64, 1024, 0)
+    values = prof.launch_metrics(occ, 64)
+    assert set(values) == set(prof.LAUNCH_METRICS)
+    assert values["launch__registers_per_thread"] == 64
+    assert values["launch__occupancy_limit_registers"] == 1
+    assert values["launch__occupancy_limit_blocks"] == 32
+
+
+def test_roofline_bound_and_rates():
+    ceilings = {"dram_bytes_per_s": 4e12, "fp32_flops_per_s": 5e13, "bf16_tensor_flops_per_s": 6e14}
+    copy = prof.roofline(1e-4, ceilings, dram_bytes=3.6e8)
+    assert copy.bandwidth == pytest.approx(3.6e12)
+    assert copy.bandwidth_pct == pytest.approx(90.0)
+    assert copy.bound == "memory" and copy.flop_rate is None
+    mm = prof.roofline(1e-3, ceilings, dram_bytes=1.2e7, flops=2e10)
+    assert mm.intensity == pytest.approx(2e10 / 1.2e7)
+    assert mm.bound == "compute"
+    assert mm.flop_pct == pytest.approx(40.0)
+    assert prof.roofline(1e-3, ceilings, 1e6, 1e6, tensor=True).flop_ceiling == "bf16_tensor"
+
+
+def test_min_bytes_of_nested_tensors():
+    torch = pytest.importorskip("torch")
+    a = torch.zeros(10, dtype=torch.float32)
+    b = torch.zeros(3, 4, dtype=torch.float16)
+    assert prof.min_bytes_of(a, [b, (a,)], "not a tensor") == 40 + 24 + 40
+
+
+def test_module_is_also_the_profile_function():
+    import cudaforge
+
+    assert callable(cudaforge.profile)
+    assert cudaforge.profile.METRICS is prof.METRICS
+    with pytest.raises(TypeError, match="zero-argument callable"):
+        prof.profile(42)
