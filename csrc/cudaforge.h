@@ -266,7 +266,6 @@ int cf_errors_exec(PyObject *m);
 int cf_loader_exec(PyObject *m);
 int cf_compile_exec(PyObject *m);
 int cf_launch_exec(PyObject *m);
-int cf_compare_exec(PyObject *m);
 int cf_timing_exec(PyObject *m);
 int cf_metrics_exec(PyObject *m);
 int cf_http_exec(PyObject *m);

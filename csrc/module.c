@@ -72,7 +72,6 @@ static PyModuleDef_Slot cf_slots[] = {
     {Py_mod_exec, cf_loader_exec},
     {Py_mod_exec, cf_compile_exec},
     {Py_mod_exec, cf_launch_exec},
-    {Py_mod_exec, cf_compare_exec},
     {Py_mod_exec, cf_timing_exec},
     {Py_mod_exec, cf_metrics_exec},
     {Py_mod_exec, cf_http_exec},
