@@ -1,0 +1,310 @@
+"""timing.c, metrics.c and profile.py on the GPU (the H200; root, so counters are readable).
+
+Run: pytest -m gpu tests/test_profile_gpu.py -v -s   (-s shows which coexistence case happened)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+import cudaforge
+import cudaforge.profile as prof
+from cudaforge import _core
+from cudaforge.feedback import format_profile
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+KERNELS = r"""
+extern "C" __global__ void copy4(const float4* __restrict__ x, float4* __restrict__ y, long long n4) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n4) y[i] = x[i];
+}
+
+extern "C" __global__ void add(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void accumulate(const float* a, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] += a[i];
+}
+
+// one thread per output, no tiling: bound by the SM's load and FMA issue, not by DRAM
+extern "C" __global__ void matmul_naive(const float* A, const float* B, float* C, int n) {
+    int row = blockIdx.y * blockDim.y + threadIdx.y;
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row < n && col < n) {
+        float acc = 0.f;
+        for (int k = 0; k < n; k++) acc += A[row * n + k] * B[k * n + col];
+        C[row * n + col] = acc;
+    }
+}
+"""
+
+SM_THROUGHPUT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
+DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return cudaforge.compile(KERNELS)
+
+
+@pytest.fixture(scope="module")
+def copy_case(mod):
+    n = 1 << 26  # 256 MB in, 256 MB out: far past the 50 MB L2
+    x = torch.randn(n, device="cuda")
+    y = torch.empty_like(x)
+    n4 = n // 4
+
+    def forward():
+        mod.copy4(((n4 + 255) // 256,), (256,), (x, y, n4))
+
+    return forward, x, y
+
+
+@pytest.fixture(scope="module")
+def matmul_case(mod):
+    n = 1024  # 4 MB per matrix: the operands stay in L2
+    a = torch.randn(n, n, device="cuda")
+    b = torch.randn(n, n, device="cuda")
+    c = torch.empty(n, n, device="cuda")
+
+    def forward():
+        mod.matmul_naive((n // 16, n // 16), (16, 16), (a, b, c, n))
+
+    return forward, a, b, c
+
+
+def test_timing_gives_one_record_per_launch(mod):
+    n = 1 << 22
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    c = torch.empty_like(a)
+    launches = 7
+    mod.add(((n + 255) // 256,), (256,), (a, b, c, n))  # loads the module
+    torch.cuda.synchronize()
+    host_before = _core.timing_clock_ns()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    _core.timing_start()
+    start.record()
+    for _ in range(launches):
+        mod.add(((n + 255) // 256,), (256,), (a, b, c, n))
+    end.record()
+    records = [r for r in _core.timing_stop() if r["name"] == "add"]
+    assert len(records) == launches
+    assert all(r["duration_ns"] > 0 and r["end_ns"] > r["start_ns"] for r in records)
+    ids = [r["correlation_id"] for r in records]
+    assert ids == sorted(ids) and len(set(ids)) == launches
+    attrs = mod.add.attributes()
+    for r in records:
+        assert r["grid"] == ((n + 255) // 256, 1, 1) and r["block"] == (256, 1, 1)
+        assert r["registers"] == attrs["registers_per_thread"]
+        assert r["static_shared"] == attrs["static_shared_bytes"] and r["dynamic_shared"] == 0
+        assert r["start_ns"] >= host_before  # our CLOCK_MONOTONIC clock
+    # the kernel times fit inside the CUDA-event time of the whole loop
+    total_ms = sum(r["duration_ns"] for r in records) / 1e6
+    events_ms = start.elapsed_time(end)
+    assert 0.5 * events_ms < total_ms <= 1.05 * events_ms + 0.01, (total_ms, events_ms)
+    assert _core.timing_stats()["dropped"] == 0
+
+
+def test_records_past_the_limit_are_counted_not_lost(mod):
+    n = 1 << 16
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    c = torch.empty_like(a)
+    _core.timing_start(max_records=5)
+    for _ in range(20):
+        mod.add(((n + 255) // 256,), (256,), (a, b, c, n))
+    with pytest.warns(RuntimeWarning, match="lost 15 kernel records"):
+        records = _core.timing_stop()
+    assert len(records) == 5
+    stats = _core.timing_stats()
+    assert stats["dropped_over_limit"] == 15 and stats["dropped"] == 15
+
+
+def test_range_profiler_names_ranges_and_calls_fn_once(mod, matmul_case):
+    n = 1 << 20
+    a = torch.randn(n, device="cuda")
+    c = torch.zeros(n, device="cuda")
+    mm, *_ = matmul_case
+    calls = []
+
+    def forward():
+        calls.append(1)
+        mod.accumulate(((n + 255) // 256,), (256,), (a, c, n))
+        mm()
+        mod.accumulate(((n + 255) // 256,), (256,), (a, c, n))
+
+    profiler = _core.Profiler(
+        ["gpu__time_duration.sum", "dram__bytes_read.sum", SM_THROUGHPUT], device=0
+    )
+    assert profiler.passes > 1  # sm__throughput needs several: replayed inside each launch
+    ranges = profiler.profile(forward)
+    assert len(calls) == 1 and profiler.last_run["calls"] == 1
+    assert [r["name"] for r in ranges] == ["accumulate", "matmul_naive", "accumulate"]
+    assert [r["range"] for r in ranges] == [0, 1, 2]
+    assert all(r["metrics"]["gpu__time_duration.sum"] > 0 for r in ranges)
+    # kernel replay restores memory between passes: each accumulate ran once in effect
+    torch.testing.assert_close(c, 2 * a)
+
+
+def test_memory_bound_copy_vs_compute_bound_matmul(mod, copy_case, matmul_case):
+    metrics = list(prof.METRICS) + [SM_THROUGHPUT]
+    kernels = {"copy4": mod.copy4, "matmul_naive": mod.matmul_naive}
+    forward, x, _y = copy_case
+    copy = prof.profile_forward(
+        forward,
+        metrics=metrics,
+        kernels=kernels,
+        resources=mod.resources,
+        min_bytes=2 * x.numel() * 4,
+    )
+    assert copy.reason is None, copy.reason
+    kc = next(k for k in copy.kernels if k.name == "copy4")
+    mm_forward, *_ = matmul_case
+    matmul = prof.profile_forward(mm_forward, metrics=metrics, kernels=kernels, flops=2 * 1024**3)
+    km = next(k for k in matmul.kernels if k.name == "matmul_naive")
+    print(f"\ncopy4: DRAM {kc.metrics[DRAM]:.1f}%, SM {kc.metrics[SM_THROUGHPUT]:.1f}%")
+    print(f"matmul_naive: DRAM {km.metrics[DRAM]:.1f}%, SM {km.metrics[SM_THROUGHPUT]:.1f}%")
+    assert kc.metrics[DRAM] >= 70 and kc.metrics[SM_THROUGHPUT] <= 40
+    assert km.metrics[SM_THROUGHPUT] >= 60 and km.metrics[DRAM] <= 30
+    # static facts agree with the function attributes and the driver's occupancy calculator
+    for k, fn in ((kc, mod.copy4), (km, mod.matmul_naive)):
+        attrs = fn.attributes()
+        assert k.registers_per_thread == attrs["registers_per_thread"]
+        assert k.metrics["launch__registers_per_thread"] == attrs["registers_per_thread"]
+        assert k.occupancy.driver_blocks_per_sm == k.occupancy.blocks_per_sm
+        assert k.spill_store_bytes == 0
+    assert set(kc.unavailable) == {"smsp__warp_issue_stalled_memory_dependency_per_warp_active.pct"}
+    assert kc.substitutes  # the fp32 pipe value comes from the FMA pipes on GH100
+    assert kc.roofline.bandwidth_pct > 60 and km.roofline.flop_rate > 0
+    text = format_profile(copy)
+    assert "memory-bound" in text
+    assert "compute-bound" in format_profile(matmul)
+
+
+def test_profile_degrades_to_timing_and_static_facts(mod, copy_case, monkeypatch):
+    forward, *_ = copy_case
+
+    def no_counters(device, collect):
+        err = _core.ProfilerError("cuptiRangeProfilerEnable failed: (simulated) no rights")
+        err.reason = "insufficient_privileges"
+        raise err
+
+    monkeypatch.setattr(prof, "_profiler", no_counters)
+    result = prof.profile_forward(forward, kernels={"copy4": mod.copy4})
+    assert result.reason.startswith("insufficient_privileges")
+    k = next(k for k in result.kernels if k.name == "copy4")
+    assert (
+        k.time_ms > 0 and k.registers_per_thread == mod.copy4.attributes()["registers_per_thread"]
+    )
+    assert set(k.metrics) == {m for m in prof.METRICS if m.startswith("launch__")}
+    assert DRAM in k.unavailable and "insufficient_privileges" in k.unavailable[DRAM]
+    assert "Hardware metrics unavailable (insufficient_privileges" in format_profile(result)
+
+
+def test_profile_problem_and_candidate(mod):
+    n = 1 << 20
+
+    class AddModel(torch.nn.Module):
+        def forward(self, a, b):
+            c = torch.empty_like(a)
+            mod.add(((n + 255) // 256,), (256,), (a, b, c, n))
+            return c
+
+    result = cudaforge.profile([torch.randn(n), torch.randn(n)], AddModel())
+    assert result.min_bytes == 3 * n * 4
+    assert [k.name for k in result.kernels] == ["add"]
+    assert result.kernels[0].metrics[DRAM] > 0
+
+
+def test_ceilings_are_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path))
+    first = prof.measure_ceilings()
+    assert (tmp_path / "ceilings.json").exists()
+    assert 1e12 < first["dram_bytes_per_s"] < 1e13  # H200: ~4 TB/s of 4.8 peak
+    assert 1e13 < first["fp32_flops_per_s"] < first["bf16_tensor_flops_per_s"]
+    assert prof.measure_ceilings() == first
+
+
+COEXIST = textwrap.dedent(
+    r"""
+    import json, torch, cudaforge
+    from cudaforge import _core
+    import cudaforge.profile as prof
+    src = '''extern "C" __global__ void add(const float* a, const float* b, float* c, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) c[i] = a[i] + b[i]; }'''
+    mod = cudaforge.compile(src)
+    n = 1 << 24
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    c = torch.empty_like(a)
+    fwd = lambda: mod.add(((n + 255) // 256,), (256,), (a, b, c, n))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        for _ in range(3):
+            fwd(); (a * 2).sum()
+        torch.cuda.synchronize()
+    seen = any(e.name == "add" for e in p.events())
+    out = {"torch_profiler_saw_add": seen}
+    try:
+        t = prof.time_forward(fwd, iterations=10)
+        add = next(k for k in t.kernels if k.name == "add")
+        out.update(timing="works", kernel_us=add.mean_us, event_us=t.forward_ms * 1e3,
+                   timing_reason=t.reason)
+    except _core.ProfilerError as e:
+        out.update(timing="refused", reason=e.reason, message=str(e))
+    try:
+        r = _core.Profiler(["dram__bytes_read.sum"], device=0).profile(fwd)
+        out.update(metrics="works", dram_read=r[0]["metrics"]["dram__bytes_read.sum"])
+    except _core.ProfilerError as e:
+        out.update(metrics="refused", metrics_reason=e.reason, metrics_message=str(e))
+    print(json.dumps(out))
+    """
+)
+
+
+def test_coexistence_with_torch_profiler():
+    """torch.profiler (Kineto) first, then ours, in a fresh process: either works (with sane
+    kernel times: Kineto's timestamp callback is replaced by ours) or is refused with reason
+    'another_subscriber' and a message that names the other client."""
+    run = subprocess.run(
+        [sys.executable, "-c", COEXIST], check=False, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    print("\ncoexistence:", out)
+    assert out["torch_profiler_saw_add"]
+    if out["timing"] == "works":
+        assert out["timing_reason"] is None
+        # 192 MB moved: ~50 us at H200 bandwidth; the event time bounds the kernel time
+        assert 0.5 * out["event_us"] < out["kernel_us"] <= 1.05 * out["event_us"], out
+    else:
+        assert out["reason"] == "another_subscriber", out
+        assert "another CUPTI client" in out["message"]
+    if out["metrics"] == "works":
+        assert out["dram_read"] >= 2 * (1 << 24) * 4 * 0.9
+    else:
+        assert out["metrics_reason"] == "another_subscriber", out
+        assert "another CUPTI client" in out["metrics_message"]
+
+
+def test_profile_while_timing_is_refused_or_named(mod, copy_case):
+    forward, *_ = copy_case
+    profiler = _core.Profiler(["dram__bytes_read.sum"], device=0)
+    _core.timing_start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ranges = profiler.profile(forward)
+    finally:
+        _core.timing_stop()
+    # the ranges are still measured; only their names are missing, and last_run says why
+    assert len(ranges) == 1 and ranges[0]["name"] is None
+    assert "timing_start() is running" in profiler.last_run["names_note"]
