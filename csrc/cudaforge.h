@@ -133,8 +133,7 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(cuptiRangeProfilerStart)                                                                     \
     X(cuptiRangeProfilerStop)                                                                      \
     X(cuptiRangeProfilerDecodeData)                                                                \
-    X(cuptiRangeProfilerGetCounterDataInfo)                                                        \
-    X(cuptiRangeProfilerCounterDataGetRangeInfo)
+    X(cuptiRangeProfilerGetCounterDataInfo)
 
 #define CF_DECLARE_MEMBER(name) __typeof__(&name) name;
 #define CF_DECLARE_VERSIONED_MEMBER(name, version) __typeof__(&name) name;

@@ -468,6 +468,13 @@ static int profiler_init(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     if (cf_need_cupti(st) < 0)
         return -1;
+    /* a failed __init__ may have left buffers behind */
+    PyMem_Free(p->availability);
+    PyMem_Free(p->config);
+    PyMem_Free((void *)p->names);
+    p->availability = p->config = NULL;
+    p->names = NULL;
+    p->n_names = p->passes = p->config_size = 0;
     p->device = -1;
     Py_XSETREF(p->unsupported, PyDict_New());
     Py_XSETREF(p->last_run, Py_NewRef(Py_None));
@@ -925,10 +932,10 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         names_note = note_buf;
     }
 
-    /* Kernel replay submits every pass inside each launch: one call of fn is expected; the loop
-     * bound guards against a replay mode that needs more. */
+    /* Kernel replay runs every pass inside each launch: one call of fn is expected, a second one
+     * is allowed in case CUPTI wants it, more means something is wrong. */
     while (!all_submitted) {
-        if (calls > p->passes + 1) {
+        if (calls >= 2) {
             raise_profiler(st, "incomplete",
                            "the Range Profiler did not finish its passes; does fn launch any "
                            "kernel on the profiled device?");
