@@ -20,6 +20,12 @@ STATUSES = (
 )
 
 
+def _known(cls, data: dict[str, Any]):
+    """cls(**data) without the keys cls does not have (results written by a newer version)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
 @dataclass
 class TrialFailure:
     """The first trial whose output differed from the reference."""
@@ -34,6 +40,11 @@ class TrialFailure:
     worst_index: list[int] = field(default_factory=list)
     expected: float | None = None
     actual: float | None = None
+    # where it failed: "correctness" (the trials), "timed_output" (an output of a timed run),
+    # "revalidation" (after timing, on inputs the candidate had not seen)
+    phase: str = "correctness"
+    seed: int | None = None
+    rel_l2_err: float = float("nan")  # ||actual - expected|| / ||expected|| over finite elements
 
 
 @dataclass
@@ -72,6 +83,16 @@ class EvalResult:
     device: str = ""
     worker: int | None = None
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    # added with the evaluation harness (cudaforge/evaluate.py)
+    problem_hash: str = ""  # sha256 of the problem source that ran (size overrides included)
+    candidate_hash: str = ""  # sha256 of the candidate source
+    seed: int = 0  # trial t draws its inputs from seed + t
+    traceback: str = ""  # the candidate's frames of the exception behind error, if any
+    guard_details: dict[str, str] = field(default_factory=dict)  # fired guard -> what was seen
+    guards_passed: list[str] = field(default_factory=list)  # guards checked that did not fire
+    guards_skipped: dict[str, str] = field(default_factory=dict)  # guard -> why it could not run
+    timing: dict[str, Any] = field(default_factory=dict)  # how times were taken, and extra stats
+    notes: list[str] = field(default_factory=list)  # anything else worth reading
 
     @property
     def ok(self) -> bool:
@@ -84,14 +105,13 @@ class EvalResult:
         return json.dumps(self.to_dict(), allow_nan=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EvalResult":
+    def from_dict(cls, data: dict[str, Any]) -> EvalResult:
         data = dict(data)
         if data.get("failure") is not None:
-            data["failure"] = TrialFailure(**data["failure"])
-        data["kernels"] = [KernelTime(**k) for k in data.get("kernels", [])]
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+            data["failure"] = _known(TrialFailure, data["failure"])
+        data["kernels"] = [_known(KernelTime, k) for k in data.get("kernels", [])]
+        return _known(cls, data)
 
     @classmethod
-    def from_json(cls, text: str) -> "EvalResult":
+    def from_json(cls, text: str) -> EvalResult:
         return cls.from_dict(json.loads(text))
