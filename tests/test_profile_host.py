@@ -254,3 +254,171 @@ def test_module_is_also_the_profile_function():
     assert cudaforge.profile.METRICS is prof.METRICS
     with pytest.raises(TypeError, match="zero-argument callable"):
         prof.profile(42)
+
+
+# ---------------------------------------------------------------- profile_forward's assembly
+
+
+class _FakeEvent:
+    def __init__(self, **_):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.5
+
+
+class _FakeCuda:
+    Event = _FakeEvent
+
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def current_device():
+        return 0
+
+    @staticmethod
+    def device(index):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def synchronize(device=None):
+        pass
+
+    @staticmethod
+    def current_stream(device=None):
+        return None
+
+
+class _FakeTorch:
+    cuda = _FakeCuda
+
+
+def _record(name, corr, regs, grid, block, duration):
+    return {
+        "name": name, "start_ns": 1000 * corr, "end_ns": 1000 * corr + duration,
+        "duration_ns": duration, "stream": 7, "correlation_id": corr, "device": 0, "context": 1,
+        "grid": grid, "block": block, "registers": regs, "static_shared": 0,
+        "dynamic_shared": 0, "shared_executed": 0, "local_bytes": 0,
+    }  # fmt: skip
+
+
+class _FakeProfiler:
+    named = True
+    refuse = None
+
+    def __init__(self, collect, device=0):
+        if _FakeProfiler.refuse:
+            raise _FakeProfiler.refuse
+        self.collect, self.chip, self.passes = list(collect), "GH100", 6
+        self.last_run = {"names_note": None if self.named else "kernel names unavailable: test"}
+
+    def profile(self, fn, max_kernels=256):
+        fn()
+        names = ["add", "matmul", "add"]
+        out = []
+        for i, name in enumerate(names):
+            metrics = {m: float(10 * i + 1) for m in self.collect}
+            metrics["dram__throughput.avg.pct_of_peak_sustained_elapsed"] = (
+                90.0 if name == "add" else 5.0
+            )
+            out.append({"range": i, "name": name if self.named else None, "metrics": metrics})
+        return out
+
+
+class _FakeCore:
+    def __init__(self):
+        self.calls = 0
+        self.ProfilerError = _core.ProfilerError
+
+    def timing_start(self):
+        pass
+
+    def timing_stop(self):
+        out = []
+        for it in range(10):
+            base = 10 * it
+            out += [
+                _record("add", base + 1, 16, (4096, 1, 1), (256, 1, 1), 20_000),
+                _record("matmul", base + 2, 40, (64, 64, 1), (16, 16, 1), 300_000),
+                _record("add", base + 3, 16, (4096, 1, 1), (256, 1, 1), 22_000),
+            ]
+        return out
+
+    def timing_stats(self):
+        return {"dropped": 0}
+
+    def device_info(self, device=0):
+        return dict(prof.H200_LIMITS, name="NVIDIA H200 (fake)")
+
+    @staticmethod
+    def Profiler(metrics, chip=None, device=0):  # stands in for the type
+        if chip is not None:  # offline plans go to the real host API
+            return _core.Profiler(metrics, chip=chip)
+        return _FakeProfiler(metrics, device)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, host_api):
+    fake = _FakeCore()
+    monkeypatch.setattr(prof, "_torch", lambda: _FakeTorch)
+    monkeypatch.setattr(prof, "_prepare", lambda device: None)
+    monkeypatch.setattr(prof, "_core", fake)
+    monkeypatch.setattr(prof, "_profilers", {})
+    _FakeProfiler.named, _FakeProfiler.refuse = True, None
+    return fake
+
+
+CEILINGS = {"dram_bytes_per_s": 4e12, "fp32_flops_per_s": 5e13, "bf16_tensor_flops_per_s": 6e14}
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_profile_forward_assembles_kernels(fake_gpu, named):
+    _FakeProfiler.named = named
+    calls = []
+    result = prof.profile_forward(
+        lambda: calls.append(1), ceilings=CEILINGS, min_bytes=4_000_000, flops={"matmul": 2e9}
+    )
+    assert len(calls) == 2 + 10 + 1  # warm-up, timed iterations, the profiled call
+    assert result.reason is None and result.chip == "GH100" and result.passes == 6
+    assert [k.name for k in result.kernels] == ["matmul", "add"]  # by time per forward
+    matmul, add = result.kernels
+    assert add.launches == 2 and add.total_ms == pytest.approx(0.042)
+    assert add.time_ms == pytest.approx(0.021)
+    assert matmul.share == pytest.approx(0.3 / 0.342)
+    assert (
+        matmul.registers_per_thread == 40 and matmul.metrics["launch__registers_per_thread"] == 40
+    )
+    assert matmul.occupancy.blocks_per_sm == 6
+    dram = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+    assert add.metrics[dram] == 90.0 and matmul.metrics[dram] == 5.0
+    fp32 = "sm__inst_executed_pipe_fp32.avg.pct_of_peak_sustained_active"
+    assert fp32 in add.metrics and add.substitutes[fp32].startswith("sm__inst_executed_pipe_fma")
+    assert list(add.unavailable) == [
+        "smsp__warp_issue_stalled_memory_dependency_per_warp_active.pct"
+    ]
+    assert "launch__occupancy_limit_warps" not in add.metrics  # not asked for
+    assert matmul.roofline.flops == 2e9 and matmul.roofline.bound is not None
+    assert result.min_time_ms == pytest.approx(1.0e-3)
+    again = prof.ForwardProfile.from_json(result.to_json())
+    assert again == result
+
+
+def test_profile_forward_without_counters(fake_gpu):
+    err = _core.ProfilerError("cuptiRangeProfilerEnable failed: (test)")
+    err.reason = "insufficient_privileges"
+    _FakeProfiler.refuse = err
+    result = prof.profile_forward(lambda: None, ceilings=False)
+    assert result.reason.startswith("insufficient_privileges")
+    assert [k.name for k in result.kernels] == ["matmul", "add"]
+    for k in result.kernels:
+        assert set(k.metrics) == {m for m in prof.METRICS if m.startswith("launch__")}
+        dram = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+        assert "insufficient_privileges" in k.unavailable[dram]
+        assert k.roofline is None
