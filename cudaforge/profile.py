@@ -732,6 +732,7 @@ def profile_forward(
     kernels: dict[str, Any] | None = None,
     resources: dict[str, dict[str, int]] | None = None,
     own: Iterable[str] = (),
+    timing: ForwardTiming | None = None,
     timing_iterations: int = 10,
     max_kernels: int = 256,
     ceilings: bool | dict[str, Any] = True,
@@ -745,25 +746,51 @@ def profile_forward(
     - `kernels` {name: _core.Kernel} lets the driver's occupancy calculator check ours;
       `resources` {name: ptxas info} (CompiledModule.resources) adds spill bytes;
       `own`: the candidate's kernel names (default: the names in `kernels` and `resources`).
+    - `timing`: a ForwardTiming of the same forward already measured (time_forward), reused
+      instead of timing `timing_iterations` more calls.
     - `ceilings`: True to measure/cache this GPU's ceilings, False to skip, or a dict.
 
     Never raises for missing counters: the result's `reason` says what is missing and why."""
     device = _device_index(device)
     with _torch().cuda.device(device):
         return _profile_forward(
-            fn, metrics, extra_metrics, device, min_bytes, flops, kernels, resources, own,
-            timing_iterations, max_kernels, ceilings,
-        )  # fmt: skip
+            fn,
+            device,
+            metrics=metrics,
+            extra_metrics=extra_metrics,
+            min_bytes=min_bytes,
+            flops=flops,
+            kernels=kernels,
+            resources=resources,
+            own=own,
+            timing=timing,
+            timing_iterations=timing_iterations,
+            max_kernels=max_kernels,
+            ceilings=ceilings,
+        )
 
 
 def _profile_forward(
-    fn, metrics, extra_metrics, device, min_bytes, flops, kernels, resources, own,
-    timing_iterations, max_kernels, ceilings,
-) -> ForwardProfile:  # fmt: skip
+    fn: Callable[[], Any],
+    device: int,
+    *,
+    metrics: str | Iterable[str],
+    extra_metrics: Iterable[str],
+    min_bytes: int | None,
+    flops: float | dict[str, float] | None,
+    kernels: dict[str, Any] | None,
+    resources: dict[str, dict[str, int]] | None,
+    own: Iterable[str],
+    timing: ForwardTiming | None,
+    timing_iterations: int,
+    max_kernels: int,
+    ceilings: bool | dict[str, Any],
+) -> ForwardProfile:
     _prepare(device)
     own = set(own) | set(kernels or {}) | set(resources or {})
     info = _core.device_info(device)
-    timing = time_forward(fn, iterations=timing_iterations, warmup=2, device=device, own=own)
+    if timing is None:
+        timing = time_forward(fn, iterations=timing_iterations, warmup=2, device=device, own=own)
     notes = list(timing.notes)
 
     plan: MetricPlan | None = None
@@ -828,7 +855,7 @@ def _profile_forward(
             time_ms=kt.mean_us / 1e3,
             total_ms=kt.total_us / 1e3,
             share=kt.total_us / total,
-            own=kt.own,
+            own=kt.own or kt.name in own,
         )
         if rec:
             kp.registers_per_thread = rec["registers"]

@@ -5,6 +5,7 @@ launch__* metrics."""
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 
@@ -31,6 +32,9 @@ FP32_PIPE = "sm__inst_executed_pipe_fp32.avg.pct_of_peak_sustained_active"
 
 @functools.lru_cache(maxsize=1)
 def host_api_missing() -> str | None:
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        # libcupti dlopens libnvperf_host with RTLD_DEEPBIND, which AddressSanitizer aborts on
+        return "the profiler host API cannot run under AddressSanitizer (RTLD_DEEPBIND)"
     try:
         _libs.ensure("cupti")
         _core.profiler_supported_chips()
