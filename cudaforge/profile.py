@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import _core, _libs
-from .errors import NoGPUError, ProfilerError
+from .errors import LibraryNotFound, NoGPUError, ProfilerError
 from .kernel import cache_dir
 from .results import KernelTime
 
@@ -353,7 +353,6 @@ def _prepare(device: int) -> None:
     torch.cuda.init()
     torch.zeros(1, device=f"cuda:{device}")  # creates torch's (primary) context of the device
     _libs.ensure("cuda")
-    _ensure_cupti()
 
 
 # ---------------------------------------------------------------- timing
@@ -405,10 +404,13 @@ def _time_forward(torch, fn, iterations, warmup, device, own) -> ForwardTiming:
               for _ in range(iterations)]  # fmt: skip
     reason, records, dropped = None, [], 0
     try:
+        _ensure_cupti()
         _core.timing_start()
         tracing = True
     except ProfilerError as exc:
-        reason, tracing = f"{exc.reason}: {exc}", False
+        reason, tracing = f"{getattr(exc, 'reason', 'cupti_error')}: {exc}", False
+    except LibraryNotFound as exc:
+        reason, tracing = f"no_cupti: {exc}", False
     try:
         for start, end in events:
             start.record(stream)
@@ -814,6 +816,9 @@ def _profile_forward(
             notes.append(f"{run['ranges_dropped']} launches past max_kernels were not profiled")
     except ProfilerError as exc:
         reason = f"{getattr(exc, 'reason', 'cupti_error')}: {exc}"
+        ranges = None
+    except LibraryNotFound as exc:
+        reason = f"no_cupti: {exc}"
         ranges = None
 
     # Names of the ranges: from the profiler's own trace, else the timing trace's launch order.
