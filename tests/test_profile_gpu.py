@@ -15,7 +15,7 @@ import pytest
 
 import cudaforge
 import cudaforge.profile as prof
-from cudaforge import _core
+from cudaforge import _core, _libs
 from cudaforge.feedback import format_profile
 
 torch = pytest.importorskip("torch")
@@ -55,6 +55,8 @@ DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
 
 @pytest.fixture(scope="module")
 def mod():
+    _libs.ensure("cuda")
+    _libs.ensure("cupti")  # the _core timing/profiler calls below need libcupti loaded
     return cudaforge.compile(KERNELS)
 
 
@@ -170,7 +172,9 @@ def test_memory_bound_copy_vs_compute_bound_matmul(mod, copy_case, matmul_case):
     assert copy.reason is None, copy.reason
     kc = next(k for k in copy.kernels if k.name == "copy4")
     mm_forward, *_ = matmul_case
-    matmul = prof.profile_forward(mm_forward, metrics=metrics, kernels=kernels, flops=2 * 1024**3)
+    matmul = prof.profile_forward(
+        mm_forward, metrics=metrics, kernels=kernels, resources=mod.resources, flops=2 * 1024**3
+    )
     km = next(k for k in matmul.kernels if k.name == "matmul_naive")
     print(f"\ncopy4: DRAM {kc.metrics[DRAM]:.1f}%, SM {kc.metrics[SM_THROUGHPUT]:.1f}%")
     print(f"matmul_naive: DRAM {km.metrics[DRAM]:.1f}%, SM {km.metrics[SM_THROUGHPUT]:.1f}%")
@@ -238,7 +242,7 @@ def test_ceilings_are_measured_once_and_cached(tmp_path, monkeypatch):
 COEXIST = textwrap.dedent(
     r"""
     import json, torch, cudaforge
-    from cudaforge import _core
+    from cudaforge import _core, _libs
     import cudaforge.profile as prof
     src = '''extern "C" __global__ void add(const float* a, const float* b, float* c, int n) {
         int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) c[i] = a[i] + b[i]; }'''
