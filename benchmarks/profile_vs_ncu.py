@@ -257,7 +257,8 @@ def compare(name: str, ours, ncu_values: dict[str, float], plan) -> list[dict]:
         row["ncu"] = theirs
         if row["ours"] is None or theirs is None:
             row["ok"] = None
-            row["why"] = ours.kernels[0].unavailable.get(metric, "ncu has no value")
+            missing = ours.kernels[0].unavailable if ours.kernels else {}
+            row["why"] = missing.get(metric, "no value from ncu" if theirs is None else "no value")
         else:
             row["ok"] = close(metric, row["ours"], theirs)
             scale = max(abs(theirs), 1e-12)
