@@ -279,7 +279,7 @@ def record_fixture(path: str) -> None:
     import torch
 
     import cudaforge
-    import cudaforge.profile as prof
+    import cudaforge.profiler as prof
 
     mod = cudaforge.compile(SOURCES["vector_add"] + SOURCES["matmul_naive"])
     n, m = 1 << 25, 1024
@@ -374,7 +374,7 @@ def main() -> int:
 
     import torch
 
-    import cudaforge.profile as prof
+    import cudaforge.profiler as prof
 
     if args.record_fixture:
         record_fixture(args.record_fixture)

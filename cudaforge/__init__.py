@@ -31,7 +31,7 @@ _LAZY = {
     "Problem": "problem",
     "evaluate": "evaluate",
     "WorkerPool": "worker",
-    "profile": "profile",
+    "profile": "profiler",
     "optimize": "optimize",
     "load": "optimize",
     "restore": "swap",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .profile import ForwardProfile, KernelProfile
+from .profiler import ForwardProfile, KernelProfile
 
 # Short labels of the paper's metrics (and the stand-ins), for the table and tight budgets.
 SHORT: dict[str, str] = {

@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 import cudaforge
-import cudaforge.profile as prof
+import cudaforge.profiler as prof
 from cudaforge import _core, _libs
 from cudaforge.feedback import format_profile
 
@@ -243,7 +243,7 @@ COEXIST = textwrap.dedent(
     r"""
     import json, torch, cudaforge
     from cudaforge import _core, _libs
-    import cudaforge.profile as prof
+    import cudaforge.profiler as prof
     src = '''extern "C" __global__ void add(const float* a, const float* b, float* c, int n) {
         int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) c[i] = a[i] + b[i]; }'''
     mod = cudaforge.compile(src)

@@ -25,11 +25,9 @@ import math
 import os
 import re
 import statistics
-import sys
 import tempfile
 import threading
 import time
-import types
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -1042,15 +1040,3 @@ __all__ = [
     "roofline",
     "time_forward",
 ]
-
-
-class _CallableModule(types.ModuleType):
-    """`cudaforge.profile` is both this module and its `profile()` function: the package exports
-    the function lazily, but importing the submodule rebinds the package attribute to the module,
-    so the module forwards calls to the function and either binding works."""
-
-    def __call__(self, *args, **kwargs) -> ForwardProfile:
-        return profile(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
