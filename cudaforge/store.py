@@ -198,21 +198,19 @@ class KernelStore:
             "transcript = excluded.transcript, created = excluded.created "
             "WHERE excluded.candidate_ms < kernels.candidate_ms OR kernels.candidate_ms IS NULL"
         )
-        with self._connection() as conn:
-            with _transaction(conn):
-                conn.execute(sql, row)
-                found = conn.execute(
-                    "SELECT id FROM kernels WHERE problem_hash = ? AND arch = ? AND dtype = ? "
-                    "AND shapes = ? AND source_hash = ?",
-                    (row["problem_hash"], arch, dtype, row["shapes"], row["source_hash"]),
-                ).fetchone()
+        with self._connection() as conn, _transaction(conn):
+            conn.execute(sql, row)
+            found = conn.execute(
+                "SELECT id FROM kernels WHERE problem_hash = ? AND arch = ? AND dtype = ? "
+                "AND shapes = ? AND source_hash = ?",
+                (row["problem_hash"], arch, dtype, row["shapes"], row["source_hash"]),
+            ).fetchone()
         return int(found[0])
 
     def remove(self, kernel_id: int) -> bool:
         """Delete one row (e.g. a kernel that failed re-verification); True if it existed."""
-        with self._connection() as conn:
-            with _transaction(conn):
-                cursor = conn.execute("DELETE FROM kernels WHERE id = ?", (kernel_id,))
+        with self._connection() as conn, _transaction(conn):
+            cursor = conn.execute("DELETE FROM kernels WHERE id = ?", (kernel_id,))
         return cursor.rowcount > 0
 
     # ------------------------------------------------------------ reading
