@@ -29,10 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import LibraryNotFound, NeedsKeyError, NoGPUError
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; one run per results file is then up to the user
+    fcntl = None
 
-DEV_SET_ENV = "CUDAFORGE_DEV_SET"
-DEV_SET_FILE = "dev_problems.jsonl"
+from .errors import LibraryNotFound, NeedsKeyError, NoGPUError
+from .problem import Problem, dev_set_path
+
 RECORD_VERSION = 1
 # exceptions that would fail every problem the same way: they end the run instead of being recorded
 STOP_ON: tuple[type[BaseException], ...] = (NeedsKeyError, LibraryNotFound, NoGPUError)
@@ -53,6 +57,17 @@ class BenchProblem:
     source: str  # KernelBench-format source: Model, get_inputs, get_init_inputs
     path: str | None = None  # the file it was read from; None for the dev set
 
+    def to_problem(self) -> Problem:
+        """The cudaforge.problem.Problem (raises ValueError if the source is not a problem)."""
+        origin = self.path or f"dev:{self.level}/{self.problem_id}"
+        return Problem.from_source(
+            self.source,
+            name=self.name,
+            level=self.level,
+            problem_id=self.problem_id,
+            origin=origin,
+        )
+
 
 def _problem_key(name: str, level: int | None) -> str:
     return f"level{level}/{name}" if level is not None else name
@@ -62,7 +77,7 @@ def _select(
     problems: list[BenchProblem],
     level: int | Iterable[int] | None,
     ids: Iterable[int] | None,
-    where,
+    where: str,
 ) -> list[BenchProblem]:
     levels = None if level is None else {level} if isinstance(level, int) else set(level)
     wanted = None if ids is None else set(ids)
@@ -77,31 +92,10 @@ def _select(
             in_levels = f" of level {', '.join(map(str, sorted(levels)))}" if levels else ""
             raise ValueError(f"{where} has no problem{in_levels} with id {missing}")
     if not chosen:
-        raise ValueError(f"{where} has no problem of level {sorted(levels or [])}")
+        of_level = f" of level {', '.join(map(str, sorted(levels)))}" if levels else "s"
+        raise ValueError(f"{where} has no problem{of_level}")
     chosen.sort(key=lambda p: (p.level or 0, p.problem_id or 0, p.key))
     return chosen
-
-
-def find_dev_set(path: str | os.PathLike | None = None) -> Path:
-    """The dev set file: `path`, else $CUDAFORGE_DEV_SET, else shared/kernelbench/dev_problems.jsonl
-    in the working directory or beside the source tree."""
-    if path is not None:
-        found = Path(path)
-        if not found.is_file():
-            raise FileNotFoundError(f"dev set {found} does not exist")
-        return found
-    if os.environ.get(DEV_SET_ENV):
-        return find_dev_set(os.environ[DEV_SET_ENV])
-    tree = Path(__file__).resolve().parent.parent
-    places = [Path.cwd(), tree, tree.parent]
-    for place in places:
-        found = place / "shared" / "kernelbench" / DEV_SET_FILE
-        if found.is_file():
-            return found
-    raise FileNotFoundError(
-        f"no {DEV_SET_FILE} found (looked in shared/kernelbench/ under "
-        f"{', '.join(str(p) for p in places)}); pass its path or set ${DEV_SET_ENV}"
-    )
 
 
 def dev_set_problems(
@@ -110,8 +104,9 @@ def dev_set_problems(
     path: str | os.PathLike | None = None,
 ) -> list[BenchProblem]:
     """The dev set's problems of `level` (one or several; None: all) with these ids (None: all),
-    ordered by level and id. Raises ValueError naming any requested id the dev set lacks."""
-    found = find_dev_set(path)
+    ordered by level and id; the file is found as cudaforge.problem.dev_set_path finds it.
+    Raises ValueError naming any requested id the dev set lacks."""
+    found = dev_set_path(path)
     problems = []
     with open(found, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -356,11 +351,25 @@ def _parse_record(path: Path, number: int, line: bytes) -> dict[str, Any]:
 
 
 class _Appender:
-    """Appends whole lines: one unbuffered write per record, flushed to disk."""
+    """Appends whole lines: one unbuffered write per record, flushed to disk. Holds an exclusive
+    lock on the file (POSIX) so that two runs cannot interleave or truncate each other's lines."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
+        if fcntl is not None:
+            try:
+                fcntl.flock(self.file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.file.close()
+                raise RuntimeError(
+                    f"{path} is being written by another benchmark run; wait for it to end or "
+                    "give this run another results file"
+                ) from None
+
+    def truncate(self, size: int) -> None:
+        self.file.truncate(size)
+        os.fsync(self.file.fileno())
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -488,14 +497,29 @@ def run_bench(
     kernels = (
         Path(kernels_dir) if kernels_dir is not None else path.with_name(path.stem + "_kernels")
     )
+    if not problems:
+        raise ValueError("no problems to run")
 
-    existing = read_results(path) if path.exists() else None
-    torn = existing.torn_bytes if existing else 0
-    if existing is not None and existing.torn_bytes:
-        with open(path, "r+b") as f:
-            f.truncate(existing.good_size)
-        say(f"bench: dropped a torn last line of {path} ({torn} bytes); its problem runs again")
-    latest = existing.latest() if existing else {}
+    appender = _Appender(path)  # locks the file before it is read, so no other run can append
+    try:
+        return _run_locked(
+            problems, forge_one, path, appender, jobs, retry_errors, kernels, meta, stop_on, say
+        )
+    finally:
+        appender.close()
+
+
+def _run_locked(
+    problems, forge_one, path, appender, jobs, retry_errors, kernels, meta, stop_on, say
+) -> BenchOutcome:
+    existing = read_results(path)
+    if existing.torn_bytes:
+        appender.truncate(existing.good_size)
+        say(
+            f"bench: dropped a torn last line of {path} ({existing.torn_bytes} bytes); its "
+            "problem runs again"
+        )
+    latest = existing.latest()
     skipped = [
         p.key
         for p in problems
@@ -506,12 +530,10 @@ def run_bench(
         f"bench: {len(problems)} problems; {len(skipped)} already in {path}, {len(todo)} to run"
         + (f", {jobs} at a time" if jobs > 1 and todo else "")
     )
-    outcome = BenchOutcome(path, [], skipped, torn)
+    outcome = BenchOutcome(path, [], skipped, existing.torn_bytes)
     if not todo:
         return outcome
-
-    appender = _Appender(path)
-    if existing is not None and not existing.ends_with_newline:
+    if not existing.ends_with_newline:
         appender.write(b"\n")
     settings = dict(meta or {})
     width = len(str(len(todo)))
@@ -533,7 +555,6 @@ def run_bench(
         else:
             _run_parallel(todo, jobs, forge_one, kernels, stop_on, settings, record_it, say)
     finally:
-        appender.close()
         spent = sum(r.cost_usd or 0.0 for r in outcome.records)
         say(
             f"bench: {'done' if finished == len(todo) else 'stopped'}: {finished} of {len(todo)} "
@@ -604,7 +625,6 @@ __all__ = [
     "ResultsFile",
     "dev_set_problems",
     "dir_problems",
-    "find_dev_set",
     "loop_forge",
     "read_results",
     "record_from_loop",

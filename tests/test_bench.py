@@ -17,13 +17,13 @@ from cudaforge.bench import (
     BenchRecord,
     dev_set_problems,
     dir_problems,
-    find_dev_set,
     loop_forge,
     read_results,
     run_bench,
 )
 from cudaforge.errors import NeedsKeyError
 from cudaforge.llm import ScriptedProvider
+from cudaforge.problem import dev_set_path
 from cudaforge.results import EvalResult
 
 PROBLEM_SOURCE = '''import torch
@@ -208,10 +208,24 @@ def test_non_finite_numbers_are_written_as_null(tmp_path):
     assert row["speedup"] is None and row["key"] == "level1/1_Fixture"  # key is the problem's
 
 
+def test_two_runs_cannot_write_one_results_file(tmp_path):
+    results = tmp_path / "results.jsonl"
+
+    def nested(problem):  # a second run on the same file while the first holds it
+        run_bench(make_problems(1, level=2), fake_record, results, progress=None)
+        return fake_record(problem)
+
+    run_bench(make_problems(1), nested, results, progress=None)
+    (row,) = lines_of(results)
+    assert row["status"] == "error" and "being written by another benchmark run" in row["error"]
+
+
 def test_duplicate_problems_are_refused(tmp_path):
     problems = make_problems(2) + make_problems(1)
     with pytest.raises(ValueError, match="listed twice"):
         run_bench(problems, fake_record, tmp_path / "r.jsonl", progress=None)
+    with pytest.raises(ValueError, match="no problems"):
+        run_bench([], fake_record, tmp_path / "r.jsonl", progress=None)
 
 
 def test_parallel_jobs_record_each_problem_once_and_resume(tmp_path):
@@ -306,6 +320,7 @@ def test_dir_problems_reads_levels_and_ids(tmp_path):
         ("level2/3_Conv", 2, 3),
     ]
     assert problems[0].path.endswith("19_ReLU.py") and "get_inputs" in problems[0].source
+    assert problems[0].to_problem().origin == problems[0].path
     assert [p.key for p in dir_problems(tmp_path, level=1, ids=[21])] == ["level1/21_Sigmoid"]
     with pytest.raises(ValueError, match=r"id \[7\]"):
         dir_problems(tmp_path, level=1, ids=[7, 19])
@@ -345,8 +360,11 @@ def test_dev_set_problems_filters_by_level_and_ids(tmp_path):
 
 def test_the_shipped_dev_set_uses_the_same_keys_as_a_kernelbench_checkout():
     try:
-        find_dev_set()
+        dev_set_path()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     (relu,) = dev_set_problems(level=1, ids=[19])
     assert relu.key == "level1/19_ReLU" and "class Model" in relu.source
+    problem = relu.to_problem()
+    assert (problem.name, problem.level, problem.problem_id) == ("19_ReLU", 1, 19)
+    assert problem.origin == "dev:1/19"
