@@ -581,12 +581,21 @@ def _problem_slots(records: list[BenchRecord]) -> tuple[float, list[str]]:
     """The width of each problem's slot and the level names under the axis."""
     slot = (_W - _LEFT - _RIGHT) / len(records)
     out, start = [], 0
+    labelled = len(records) <= 40  # few enough to name each bar by its id under the axis
+    if labelled:
+        for i, r in enumerate(records):
+            name = str(r.problem_id) if r.problem_id is not None else r.problem[:8]
+            out.append(
+                f'<text x="{_num(_LEFT + slot * (i + 0.5))}" y="{_H - _BOTTOM + 13}" '
+                f'class="tick" text-anchor="middle">{_esc(name)}</text>'
+            )
     for i in range(1, len(records) + 1):
         if i == len(records) or records[i].level != records[start].level:
             middle = _LEFT + slot * (start + i) / 2
             out.append(
-                f'<text x="{_num(middle)}" y="{_H - _BOTTOM + 16}" class="tick" '
-                f'text-anchor="middle">{_esc(_level_name(records[start].level))}</text>'
+                f'<text x="{_num(middle)}" y="{_H - _BOTTOM + (30 if labelled else 16)}" '
+                f'class="tick" text-anchor="middle">'
+                f"{_esc(_level_name(records[start].level))}</text>"
             )
             if start:
                 x = _LEFT + slot * start
@@ -655,29 +664,34 @@ def speedup_bars_svg(records: list[BenchRecord]) -> str:
     return "\n".join(out)
 
 
-def per_problem_svg(
-    records: list[BenchRecord], chart_id: str, title: str, what: str, unit: str
-) -> str:
-    """One bar per problem of a record field: what = "seconds" (drawn in minutes) or
-    "cost_usd"; a problem without a correct kernel is drawn paler."""
-    scale = 60.0 if what == "seconds" else 1.0
-    values = [getattr(r, what) for r in records]
-    values = [v / scale if isinstance(v, (int, float)) else None for v in values]
+def per_problem_svg(records: list[BenchRecord], chart_id: str, title: str, what: str) -> str:
+    """One bar per problem of a record field: what = "seconds" (drawn in seconds, minutes or
+    hours, whichever fits) or "cost_usd"; a problem without a correct kernel is drawn paler."""
+    raw = [getattr(r, what) for r in records]
+    raw = [v if isinstance(v, (int, float)) and math.isfinite(v) else None for v in raw]
+    longest = max([v for v in raw if v is not None] + [0.0])
+    if what != "seconds":
+        scale, label = 1.0, "USD"
+    elif longest < 120:
+        scale, label = 1.0, "seconds"
+    else:
+        scale, label = (60.0, "minutes") if longest < 7200 else (3600.0, "hours")
+    values = [v / scale if v is not None else None for v in raw]
     top = max([v for v in values if v is not None] + [0.0]) or 1.0
     out = _svg_open(chart_id, title)
 
     def tick(v: float) -> str:
-        return f"${v:g}" if unit == "$" else f"{v:g}"
+        return f"${v:g}" if what == "cost_usd" else f"{v:g}"
 
-    grid, y = _y_axis_linear(top, tick, "minutes" if what == "seconds" else "USD")
+    grid, y = _y_axis_linear(top, tick, label)
     out += grid
     slot, axis = _problem_slots(records)
     width = min(max(slot * 0.8, 0.5), 36.0)
-    for i, (r, v) in enumerate(zip(records, values)):
+    for i, (r, v, original) in enumerate(zip(records, values, raw)):
         if v is None:
             continue
         x = _LEFT + i * slot + (slot - width) / 2
-        shown = _duration(v * 60) if what == "seconds" else _usd(v)
+        shown = _duration(original) if what == "seconds" else _usd(original)
         tip = f"{r.key}: {shown} ({'correct' if r.correct else r.status})"
         pale = "" if r.correct else ' fill-opacity="0.4"'
         out.append(
@@ -771,13 +785,13 @@ def _html_page(summary: Summary) -> str:
     out.append("<h2>Time and cost</h2>")
     out.append(
         _figure(
-            per_problem_svg(records, "time-bars", "Wall time per problem", "seconds", "min"),
+            per_problem_svg(records, "time-bars", "Wall time per problem", "seconds"),
             "Wall time of the agents' loop for each problem; paler bars: no correct kernel.",
         )
     )
     out.append(
         _figure(
-            per_problem_svg(records, "cost-bars", "API cost per problem", "cost_usd", "$"),
+            per_problem_svg(records, "cost-bars", "API cost per problem", "cost_usd"),
             "API cost (USD) of each problem; paler bars: no correct kernel.",
         )
     )
