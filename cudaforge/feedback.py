@@ -230,7 +230,9 @@ def hints(
     if worst:
         out.append(worst[1])
     uniform = kernel.metrics.get(UNIFORM)
-    if uniform is not None and uniform < 90:
+    # 0 also means "no divergence-capable branch executed" (seen for straight-line kernels on
+    # the H200 with ncu too), so only a partial share is a divergence signal
+    if uniform is not None and 0 < uniform < 90:
         out.append(f"divergent branches: {uniform:.0f}% of branch targets are warp-uniform")
     l1_hit, l2_hit = kernel.metrics.get(L1_HIT), kernel.metrics.get(L2_HIT)
     hits = l1_hit is not None and l2_hit is not None

@@ -627,7 +627,8 @@ class KernelProfile:
     metrics: dict[str, float] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)
     substitutes: dict[str, str] = field(default_factory=dict)
-    registers_per_thread: int = 0
+    registers_per_thread: int = 0  # the compiler's count (function attribute) when known
+    registers_allocated: int = 0  # per thread at launch (CUPTI, ncu): rounded to the unit
     static_shared_bytes: int = 0
     dynamic_shared_bytes: int = 0
     local_bytes_per_thread: int = 0
@@ -860,21 +861,23 @@ def _profile_forward(
             share=kt.total_us / total,
             own=kt.own or kt.name in own,
         )
+        kernel_obj = (kernels or {}).get(kt.name)
         if rec:
-            kp.registers_per_thread = rec["registers"]
+            kp.registers_allocated = kp.registers_per_thread = rec["registers"]
+            if kernel_obj is not None:
+                kp.registers_per_thread = kernel_obj.attributes()["registers_per_thread"]
             kp.static_shared_bytes = rec["static_shared"]
             kp.dynamic_shared_bytes = rec["dynamic_shared"]
             kp.local_bytes_per_thread = rec["local_bytes"]
             kp.grid, kp.block = tuple(rec["grid"]), tuple(rec["block"])
             threads = kp.block[0] * kp.block[1] * kp.block[2]
             kp.occupancy = occupancy(
-                kp.registers_per_thread,
+                kp.registers_allocated,
                 threads,
                 kp.static_shared_bytes + kp.dynamic_shared_bytes,
                 info,
                 rec.get("shared_executed") or None,
             )
-            kernel_obj = (kernels or {}).get(kt.name)
             if kernel_obj is not None:
                 try:
                     kp.occupancy.driver_blocks_per_sm = kernel_obj.occupancy(
@@ -882,7 +885,7 @@ def _profile_forward(
                     )
                 except (RuntimeError, ValueError) as exc:
                     notes.append(f"{kt.name}: driver occupancy failed: {exc}")
-            kp.metrics.update(launch_metrics(kp.occupancy, kp.registers_per_thread))
+            kp.metrics.update(launch_metrics(kp.occupancy, kp.registers_allocated))
         ptxas = _ptxas_for(resources, kt.name)
         kp.spill_store_bytes = ptxas.get("spill_store_bytes")
         kp.spill_load_bytes = ptxas.get("spill_load_bytes")
