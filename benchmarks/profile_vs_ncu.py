@@ -413,6 +413,7 @@ def main() -> int:
                 "ours_s": statistics.median(runs),
                 "ours_all_s": runs,
                 "range_profiler_s": statistics.median(range_s),
+                "range_profiler_phases_s": result.profile_phases,
             },
         }
         own = [k for k in result.kernels if k.name == name]
@@ -429,7 +430,8 @@ def main() -> int:
             entry["fidelity"] = compare(name, result, {}, plan)
         report["kernels"].append(entry)
         print(f"{name}: ours {entry['latency']['ours_s']:.3f} s, ncu "
-              f"{entry['latency'].get('ncu_s', float('nan')):.2f} s", flush=True)  # fmt: skip
+              f"{entry['latency'].get('ncu_s', float('nan')):.2f} s, range profiler phases "
+              f"{result.profile_phases}", flush=True)  # fmt: skip
     compared = [r for k in report["kernels"] for r in k["fidelity"] if r["ok"] is not None]
     speedups = [k["latency"]["speedup"] for k in report["kernels"] if k["latency"].get("speedup")]
     report["summary"] = {

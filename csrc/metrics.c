@@ -13,6 +13,8 @@
  * trace of the same launches (timing.c), matched by launch order. */
 #include "cudaforge.h"
 
+#include <time.h>
+
 #include <stdlib.h>
 
 /* cuptiProfilerInitialize is process-wide (hooks into the driver): done once, kept. */
@@ -814,6 +816,13 @@ static PyObject *range_dict(cf_profiler *p, const profile_run *run, size_t index
     return out;
 }
 
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* profile(fn, max_kernels=256) -> list of dict(range, name, metrics) */
 static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -866,6 +875,7 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         return NULL;
     }
     p->busy = 1;
+    double t_start = seconds_now(), t_setup = 0, t_passes = 0, t_decode = 0;
     CF_CU(cf_cu.cuCtxGetCurrent(&ctx));
 
     CUpti_RangeProfiler_Enable_Params on = {
@@ -932,6 +942,7 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         names_note = note_buf;
     }
 
+    t_setup = seconds_now();
     /* Kernel replay runs every pass inside each launch: one call of fn is expected, a second one
      * is allowed in case CUPTI wants it, more means something is wrong. */
     while (!all_submitted) {
@@ -961,6 +972,7 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         CF_CUPTI_NOGIL(cf_cupti.cuptiRangeProfilerStop(&stop));
         all_submitted = stop.isAllPassSubmitted;
     }
+    t_passes = seconds_now();
     CUpti_RangeProfiler_DecodeData_Params decode = {
         .structSize = CUpti_RangeProfiler_DecodeData_Params_STRUCT_SIZE,
         .pRangeProfilerObject = run.object,
@@ -1000,6 +1012,7 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         }
     }
 
+    t_decode = seconds_now();
     /* Evaluate every range with the GIL released, then build the Python objects. */
     run.values = PyMem_Calloc(n_ranges * p->n_names + 1, sizeof(double));
     if (run.values == NULL) {
@@ -1036,10 +1049,12 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         PyList_SET_ITEM(result, (Py_ssize_t)r, d);
     }
     Py_XSETREF(p->last_run,
-               Py_BuildValue("{s:n,s:n,s:n,s:n,s:z}", "calls", (Py_ssize_t)calls, "passes",
-                             (Py_ssize_t)p->passes, "ranges", (Py_ssize_t)n_ranges,
-                             "ranges_dropped", (Py_ssize_t)dropped_ranges, "names_note",
-                             names_note));
+               Py_BuildValue("{s:n,s:n,s:n,s:n,s:z,s:{s:d,s:d,s:d,s:d}}", "calls",
+                             (Py_ssize_t)calls, "passes", (Py_ssize_t)p->passes, "ranges",
+                             (Py_ssize_t)n_ranges, "ranges_dropped", (Py_ssize_t)dropped_ranges,
+                             "names_note", names_note, "seconds", "setup", t_setup - t_start,
+                             "passes", t_passes - t_setup, "decode", t_decode - t_passes,
+                             "evaluate", seconds_now() - t_decode));
     if (p->last_run == NULL)
         goto error;
     if (dropped_ranges > 0 &&

@@ -655,6 +655,7 @@ class ForwardProfile:
     metrics_requested: list[str] = field(default_factory=list)
     passes: int = 0
     profile_s: float = 0.0  # wall time of the metric collection
+    profile_phases: dict[str, float] = field(default_factory=dict)  # setup/passes/decode/evaluate s
     min_bytes: int | None = None
     min_time_ms: float | None = None  # min_bytes at the measured bandwidth
     ceilings: dict[str, Any] | None = None
@@ -797,7 +798,7 @@ def _profile_forward(
     plan: MetricPlan | None = None
     reason = timing.reason
     ranges: list[dict] | None = None
-    passes, profile_s = 0, 0.0
+    passes, profile_s, phases = 0, 0.0, {}
     requested = parse_metrics(metrics)
     chip = None
     try:
@@ -809,6 +810,8 @@ def _profile_forward(
         profile_s = time.perf_counter() - started
         passes = prof.passes
         run = prof.last_run or {}
+        phases = dict(run.get("seconds") or {})
+        phases["disable_and_rest"] = profile_s - sum(phases.values())
         if run.get("names_note"):
             notes.append(run["names_note"])
         if run.get("ranges_dropped"):
@@ -911,6 +914,7 @@ def _profile_forward(
         metrics_requested=requested,
         passes=passes,
         profile_s=profile_s,
+        profile_phases=phases,
         min_bytes=min_bytes,
         min_time_ms=min_time_ms,
         ceilings=ceiling_data,
