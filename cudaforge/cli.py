@@ -1,13 +1,117 @@
-"""The `cudaforge` command. Exit codes: 0 done, 1 the work failed (e.g. a kernel was wrong),
-2 bad usage or input, 3 a needed resource is missing (GPU, library, API key)."""
+"""The `cudaforge` command.
+
+Exit codes: 0 done; 1 the work failed (a candidate was wrong, a run ended in errors); 2 bad usage
+or input; 3 a needed resource is missing (GPU, CUDA library, API key); 130 interrupted.
+Errors print one readable line; --debug shows the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
+from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+CPU_MAX_BYTES = 32 << 20  # problems are shrunk to this on the CPU path (dev inputs reach GBs)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def parse_sizes(text: str | None) -> dict[str, int]:
+    """'batch_size=16,dim=256' -> {'batch_size': 16, 'dim': 256}."""
+    out: dict[str, int] = {}
+    for part in filter(None, (text or "").split(",")):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise ValueError(f"--sizes takes NAME=INT[,NAME=INT...], got {part!r}")
+        out[name.strip()] = int(value)
+    return out
+
+
+def load_problem(spec: str, sizes: str | None = None, shrink: bool | None = None):
+    """A problem from a .py path or a dev-set id ('L1/19', 'level1/19', '1/19').
+
+    Shrunk to fit the CPU path when no GPU is visible (or when `shrink` is True)."""
+    from .problem import Problem
+
+    overrides = parse_sizes(sizes)
+    path = Path(spec)
+    if path.suffix == ".py" or path.exists():
+        if not path.exists():
+            raise FileNotFoundError(f"no problem file {spec}")
+        problem = Problem.from_file(path, sizes=overrides or None)
+    else:
+        text = spec.lower().removeprefix("level").removeprefix("l")
+        level, sep, pid = text.partition("/")
+        if not sep or not level.isdigit() or not pid.isdigit():
+            raise ValueError(f"{spec!r} is neither a .py file nor a dev-set id like L1/19")
+        try:
+            problem = Problem.from_dev_set(int(level), int(pid), sizes=overrides or None)
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
+    if shrink or (shrink is None and not overrides and not has_gpu()):
+        problem = problem.shrink(CPU_MAX_BYTES)
+    return problem
+
+
+def read_source(path: str) -> str:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no candidate file {path}")
+    return p.read_text()
+
+
+def gpu_facts() -> str:
+    """One paragraph on the GPU the kernels target, for the agents' prompts."""
+    from .doctor import gpu_facts as facts
+
+    return facts()
+
+
+def result_table(result) -> str:
+    rows = [("problem", result.problem), ("status", result.status)]
+    if result.error:
+        rows.append(("error", result.error.splitlines()[0][:200]))
+    if result.failure is not None:
+        f = result.failure
+        rows.append(("first failure", f"trial {f.trial}, output {f.output_index}: {f.message}"))
+    rows.append(("trials", str(result.trials)))
+
+    def ms(v):
+        return "-" if v is None else f"{v:.4f} ms"
+
+    rows += [("candidate", ms(result.candidate_ms)), ("reference", ms(result.reference_ms))]
+    if result.speedup is not None:
+        rows.append(("speedup vs eager", f"{result.speedup:.2f}x"))
+    if result.speedup_vs_compile is not None:
+        rows.append(("speedup vs torch.compile", f"{result.speedup_vs_compile:.2f}x"))
+    if result.own_kernel_share is not None:
+        rows.append(("GPU time in own kernels", f"{100 * result.own_kernel_share:.0f}%"))
+    if result.guards:
+        rows.append(("guards fired", ", ".join(result.guards)))
+    if result.device:
+        rows.append(("device", result.device))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    for k in result.kernels[:8]:
+        lines.append(f"  kernel {k.name[:60]}: {k.calls} calls, {k.mean_us:.2f} us mean"
+                     + (" (own)" if k.own else ""))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- commands
 
 
 def cmd_doctor(args) -> int:
@@ -18,13 +122,238 @@ def cmd_doctor(args) -> int:
     return EXIT_OK
 
 
+def _evaluate(args, profile: bool):
+    from .evaluate import evaluate
+
+    problem = load_problem(args.problem, args.sizes, args.shrink)
+    source = read_source(args.candidate)
+    return evaluate(problem, source, trials=args.trials, timed_runs=args.timed_runs,
+                    compare_compile=getattr(args, "compile", False), timeout=args.timeout,
+                    profile=profile)
+
+
+def cmd_eval(args) -> int:
+    result = _evaluate(args, profile=False)
+    print(result.to_json() if args.json else result_table(result))
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def cmd_profile(args) -> int:
+    from .feedback import format_profile
+    from .profiler import ForwardProfile
+
+    result = _evaluate(args, profile=True)
+    if args.json:
+        print(result.to_json())
+    elif result.profile is None:
+        print(result_table(result))
+        print("no profile: " + (result.error or "the candidate did not pass"), file=sys.stderr)
+    else:
+        print(format_profile(ForwardProfile.from_dict(result.profile), budget=args.budget))
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _forge_evaluate(args):
+    from .evaluate import evaluate
+    from .problem import Problem
+
+    def run(problem_source: str, candidate_source: str):
+        problem = Problem.from_source(problem_source, name=args.problem_name)
+        return evaluate(problem, candidate_source, trials=args.trials,
+                        timed_runs=args.timed_runs, timeout=args.timeout,
+                        profile=has_gpu() and not args.no_profile)
+
+    return run
+
+
+def cmd_forge(args) -> int:
+    from .agents import run_loop
+
+    problem = load_problem(args.problem, args.sizes, args.shrink)
+    args.problem_name = problem.name
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    transcript = out_dir / f"{problem.name}.transcript.jsonl"
+    print(f"forging {problem.name} with coder {args.llm}, judge {args.judge or args.llm}; "
+          f"transcript {transcript}", file=sys.stderr)
+    result = run_loop(problem.source, _forge_evaluate(args), coder=args.llm, judge=args.judge,
+                      rounds=args.rounds, max_dollars=args.max_dollars,
+                      max_seconds=args.max_seconds, candidates=args.candidates,
+                      gpu=gpu_facts(), transcript=str(transcript), name=problem.name)
+    summary = result.to_dict()
+    (out_dir / f"{problem.name}.result.json").write_text(json.dumps(summary, indent=2, default=str))
+    if result.best_source:
+        best = out_dir / f"{problem.name}.best.py"
+        best.write_text(result.best_source)
+        speed = f"{result.speedup:.2f}x" if result.speedup else "-"
+        print(f"best kernel: {best} (speedup {speed}); stopped: {result.stop_reason}")
+        return EXIT_OK
+    print(f"no correct kernel in {result.rounds} rounds; stopped: {result.stop_reason}")
+    return EXIT_FAILED
+
+
+def cmd_bench(args) -> int:
+    from .bench import dev_set_problems, dir_problems, loop_forge, run_bench
+
+    levels = args.level or None
+    ids = args.ids or None
+    if args.dev_set:
+        problems = dev_set_problems(levels, ids)
+    elif args.dir:
+        problems = dir_problems(args.dir, levels, ids)
+    else:
+        raise ValueError("bench needs a problem folder or --dev-set")
+    shrink = args.shrink or not has_gpu()
+
+    def evaluate_source(problem_source: str, candidate_source: str):
+        from .evaluate import evaluate
+        from .problem import Problem
+
+        return evaluate(Problem.from_source(problem_source), candidate_source,
+                        trials=args.trials, timed_runs=args.timed_runs, timeout=args.timeout)
+
+    forge = loop_forge(evaluate_source, coder=args.llm, judge=args.judge, rounds=args.rounds,
+                       max_dollars=args.max_dollars, gpu=gpu_facts(),
+                       transcripts_dir=str(Path(args.results).with_suffix("")) + "_transcripts")
+    if shrink:
+        inner = forge
+
+        def forge(bench_problem):  # the CPU path: the same problem at a size that fits
+            small = bench_problem.to_problem().shrink(CPU_MAX_BYTES)
+            return inner(dataclasses.replace(bench_problem, source=small.source))
+
+    outcome = run_bench(problems, forge, args.results, jobs=args.jobs,
+                        retry_errors=args.retry_errors,
+                        meta={"coder": args.llm, "judge": args.judge or args.llm,
+                              "rounds": args.rounds, "shrunk": shrink})
+    print(f"results: {outcome.results} ({len(outcome.records)} run, {len(outcome.skipped)} "
+          "already done)")
+    errors = sum(1 for r in outcome.records if r.status == "error")
+    return EXIT_FAILED if errors else EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from .report import report
+
+    summary = report(*args.results)
+    if args.json:
+        print(summary.to_json())
+    else:
+        print(summary.to_markdown())
+    if args.html:
+        Path(args.html).write_text(summary.to_html())
+        print(f"wrote {args.html}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_optimize(args) -> int:
+    import runpy
+
+    from .optimize import optimize
+
+    script = runpy.run_path(args.script)
+    for needed in ("get_model", "get_inputs"):
+        if needed not in script:
+            raise ValueError(f"{args.script} must define {needed}()")
+    model, inputs = script["get_model"](), script["get_inputs"]()
+    result = optimize(model, inputs, llm=args.llm, judge=args.judge, rounds=args.rounds,
+                      training=args.training)
+    print(result.report())
+    return EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(out_dir=args.out, llm=args.llm)
+
+
+# ---------------------------------------------------------------- the parser
+
+
+def _add_eval_options(p) -> None:
+    p.add_argument("problem", help="a problem .py file, or a dev-set id like L1/19")
+    p.add_argument("candidate", help="a .py file defining ModelNew")
+    _add_run_options(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _add_run_options(p) -> None:
+    p.add_argument("--sizes", help="override size constants: NAME=INT[,NAME=INT...]")
+    p.add_argument("--shrink", action="store_true", default=None,
+                   help="shrink the problem's sizes to fit a CPU run (automatic without a GPU)")
+    p.add_argument("--trials", type=int, default=5, help="correctness trials (default 5)")
+    p.add_argument("--timed-runs", type=int, default=100, help="timed runs (default 100)")
+    p.add_argument("--timeout", type=float, default=60.0, help="per evaluation, s (default 60)")
+
+
+def _add_llm_options(p) -> None:
+    p.add_argument("--llm", default=os.environ.get("CUDAFORGE_LLM", "openai:o3"),
+                   help="the Coder: openai:MODEL, anthropic:MODEL, openai:MODEL@URL, "
+                        "replay:TRANSCRIPT (default $CUDAFORGE_LLM or openai:o3)")
+    p.add_argument("--judge", help="the Judge's model (default: the Coder's)")
+    p.add_argument("--rounds", type=int, default=10, help="rounds per problem (default 10)")
+    p.add_argument("--max-dollars", type=float, help="stop a problem past this cost")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cudaforge", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
+
     p = sub.add_parser("doctor", help="what this machine offers: driver, CUDA, NVRTC, CUPTI, GPUs")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=cmd_doctor)
+
+    p = sub.add_parser("eval", help="evaluate one candidate against its problem")
+    _add_eval_options(p)
+    p.add_argument("--compile", action="store_true", help="also time torch.compile's reference")
+    p.set_defaults(run=cmd_eval)
+
+    p = sub.add_parser("profile", help="the hardware metrics the Judge would see")
+    _add_eval_options(p)
+    p.add_argument("--budget", type=int, default=4000, help="characters of feedback text")
+    p.set_defaults(run=cmd_profile)
+
+    p = sub.add_parser("forge", help="the Coder/Judge loop on one problem")
+    p.add_argument("problem", help="a problem .py file, or a dev-set id like L1/19")
+    _add_run_options(p)
+    _add_llm_options(p)
+    p.add_argument("--max-seconds", type=float, help="stop past this wall time")
+    p.add_argument("--candidates", type=int, default=1, help="parallel candidates per round")
+    p.add_argument("--no-profile", action="store_true", help="no hardware metrics for the Judge")
+    p.add_argument("--out", default="cudaforge-out", help="folder for the best kernel and log")
+    p.set_defaults(run=cmd_forge)
+
+    p = sub.add_parser("bench", help="forge many problems; results appended as JSONL, resumable")
+    p.add_argument("dir", nargs="?", help="a folder of problem .py files")
+    p.add_argument("--dev-set", action="store_true", help="the KernelBench dev set")
+    p.add_argument("--level", type=int, action="append", help="level(s) to run")
+    p.add_argument("--ids", type=int, nargs="+", help="problem ids to run")
+    p.add_argument("--results", default="bench-results.jsonl", help="the JSONL results file")
+    p.add_argument("--jobs", type=int, default=1, help="problems at once")
+    p.add_argument("--retry-errors", action="store_true", help="rerun problems that errored")
+    _add_run_options(p)
+    _add_llm_options(p)
+    p.set_defaults(run=cmd_bench)
+
+    p = sub.add_parser("report", help="summarize bench results in the paper's terms")
+    p.add_argument("results", nargs="+", help="JSONL results file(s)")
+    p.add_argument("--html", help="also write an HTML page with plots here")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=cmd_report)
+
+    p = sub.add_parser("optimize", help="optimize the model of a script (get_model, get_inputs)")
+    p.add_argument("script", help="a .py file defining get_model() and get_inputs()")
+    _add_llm_options(p)
+    p.add_argument("--training", action="store_true", help="keep autograd right")
+    p.set_defaults(run=cmd_optimize)
+
+    p = sub.add_parser("demo", help="the main job: prove and profile the shipped kernels")
+    p.add_argument("--out", default="cudaforge-demo", help="folder for the report")
+    p.add_argument("--llm", default=os.environ.get("CUDAFORGE_LLM"),
+                   help="also forge one problem with this model (default $CUDAFORGE_LLM)")
+    p.set_defaults(run=cmd_demo)
     return parser
 
 
@@ -34,8 +363,8 @@ def main(argv=None) -> int:
     try:
         return args.run(args)
     except KeyboardInterrupt:
-        print("cudaforge: interrupted", file=sys.stderr)
-        return 130
+        print("cudaforge: interrupted; finished work is kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:
         if args.debug:
             raise
@@ -45,7 +374,7 @@ def main(argv=None) -> int:
         print(f"cudaforge: error: {type(exc).__name__}: {first}", file=sys.stderr)
         if isinstance(exc, (NoGPUError, LibraryNotFound, NeedsKeyError)):
             return EXIT_MISSING
-        if isinstance(exc, (ValueError, FileNotFoundError, TypeError)):
+        if isinstance(exc, (ValueError, FileNotFoundError, TypeError, KeyError)):
             return EXIT_USAGE
         return EXIT_FAILED
 

@@ -13,7 +13,7 @@ from . import __version__, _core, _libs
 def _try(fn):
     try:
         return fn(), None
-    except Exception as exc:  # doctor reports every failure instead of raising
+    except Exception as exc:  # noqa: BLE001 - doctor reports every failure instead of raising
         if getattr(exc, "tried", None) is not None:
             tried = "; ".join(t.strip() for t in exc.tried)
             return None, f"not found (tried {tried}); set {exc.env_var} to its path"
@@ -121,3 +121,20 @@ def format_report(report: dict) -> str:
         lines.append("missing:")
         lines += [f"  - {m}" for m in report["missing"]]
     return "\n".join(lines)
+
+
+def gpu_facts(device: int = 0) -> str:
+    """The target GPU in a few lines, for the agents' prompts; a note when there is none."""
+    try:
+        _libs.ensure("cuda")
+        info = _core.device_info(device)
+    except Exception as exc:  # noqa: BLE001 - no GPU: the prompt says so
+        return f"No GPU visible on this machine ({type(exc).__name__}); kernels target sm_90 (H100/H200)."
+    smem_kb = info["shared_bytes_per_block_optin"] // 1024
+    return (
+        f"{info['name']}: compute capability {info['cc_major']}.{info['cc_minor']}, "
+        f"{info['multiprocessors']} SMs, {info['total_memory_bytes'] / 2**30:.0f} GiB, "
+        f"L2 {info['l2_bytes'] / 2**20:.0f} MiB, up to {smem_kb} KiB shared memory per block "
+        f"(opt-in), {info['registers_per_multiprocessor']} registers and "
+        f"{info['max_threads_per_multiprocessor']} threads per SM, warp size {info['warp_size']}."
+    )

@@ -49,15 +49,15 @@ class NoGPUError(CudaforgeError):
 
 
 __all__ = [
-    "CudaforgeError",
-    "LibraryNotFound",
-    "CudaError",
-    "KernelFault",
     "CompileError",
-    "ProfilerError",
+    "CudaError",
+    "CudaforgeError",
     "HTTPError",
+    "KernelFault",
     "LLMError",
+    "LibraryNotFound",
     "NeedsKeyError",
-    "VerificationError",
     "NoGPUError",
+    "ProfilerError",
+    "VerificationError",
 ]

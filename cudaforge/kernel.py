@@ -111,7 +111,7 @@ _KERNEL = re.compile(
 
 
 def _strip_comments(source: str) -> str:
-    source = re.sub(r"/\*.*?\*/", " ", source, flags=re.S)
+    source = re.sub(r"/\*.*?\*/", " ", source, flags=re.DOTALL)
     return re.sub(r"//[^\n]*", " ", source)
 
 
