@@ -1131,7 +1131,8 @@ def compare_tensors(actual, expected, options: EvalOptions, chunk: int = 1 << 26
         tol = atol + rtol * e.abs()
         e_fin, a_fin = torch.isfinite(e), torch.isfinite(a)
         same_special = (torch.isnan(a) & torch.isnan(e)) | (~e_fin & ~torch.isnan(e) & (a == e))
-        bad = ~(diff <= tol) & ~same_special
+        # where the reference is NaN or Inf only the same value passes
+        bad = (~(diff <= tol) | ~e_fin) & ~same_special
         count = int(bad.sum())
         new_nonfinite += int((e_fin & ~a_fin).sum())
         both = e_fin & a_fin
@@ -1650,6 +1651,10 @@ def _namespaces(torch) -> list[tuple[str, object]]:
     return spaces
 
 
+# rebound by torch itself (torch.set_default_dtype rebinds torch.Storage)
+_REBOUND_BY_TORCH = {("torch", "Storage")}
+
+
 def _fingerprint(torch) -> dict[tuple[str, str], int]:
     """id() of every callable in the namespaces a candidate could patch to fool the harness."""
     out = {}
@@ -1659,7 +1664,8 @@ def _fingerprint(torch) -> dict[tuple[str, str], int]:
         except TypeError:
             continue
         for key, value in items:
-            if callable(value) and not isinstance(value, types.ModuleType):
+            patchable = callable(value) and not isinstance(value, types.ModuleType)
+            if patchable and (space, key) not in _REBOUND_BY_TORCH:
                 out[(space, key)] = id(value)
     return out
 
@@ -1765,6 +1771,16 @@ def _candidate_traceback(e: BaseException, filename: str) -> str:
 def options_dict(options: EvalOptions) -> dict[str, Any]:
     return asdict(options)
 
+
+class _CallableModule(types.ModuleType):
+    """`cudaforge.evaluate` is both this module and its function: importing the submodule makes
+    the package attribute the module, so the module itself forwards calls to evaluate()."""
+
+    def __call__(self, *args, **kwargs) -> EvalResult:
+        return evaluate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = [
     "DEFAULT_ATOL",

@@ -349,6 +349,7 @@ class WorkerPool:
 
     def _run(self, worker: _Worker, job: _Job) -> EvalResult:
         if not worker.alive():
+            worker.kill()  # died between evaluations (killed from outside): a fresh one
             worker.start()
         why = worker.wait_ready(self.start_timeout)
         if why is not None:
@@ -548,11 +549,12 @@ def _child(requests: int, results: int, index: int, parent: int) -> None:
 
         result = run_evaluation(message["problem"], message["source"], message["options"], on_phase)
         result.worker = index
-        retire = result.status == "crashed"
+        # a dead CUDA context, or a process whose functions the candidate replaced: not reusable
+        retire = result.status == "crashed" or "tampering" in result.guards
         _send(results, {"type": "result", "result": result.to_dict(), "retire": retire})
         if retire:
             sys.stdout.flush()
-            os._exit(0)  # the CUDA context is dead: exit without running any more CUDA calls
+            os._exit(0)  # exit without running any more CUDA calls (the context may be dead)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,444 @@
+"""cudaforge.evaluate on the CPU: the result schema, right and wrong torch candidates, and the cheats
+that can be shown without a GPU (aliasing, mutated inputs, reused or replayed results, tampering).
+Candidates run in a pool of CPU worker processes, as they would anywhere."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import cudaforge
+from cudaforge.evaluate import (
+    GUARDS,
+    EvalOptions,
+    check_outputs,
+    is_own_kernel,
+    kernel_names_in,
+    make_options,
+)
+from cudaforge.problem import Problem
+from cudaforge.results import EvalResult, TrialFailure
+from cudaforge.worker import WorkerPool
+
+FAST = {"trials": 3, "timed_runs": 6, "warmup": 2, "input_sets": 2}
+
+RELU = Problem.from_source(
+    """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+batch_size = 8
+dim = 256
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+def get_init_inputs():
+    return []
+""",
+    name="relu",
+)
+
+SOFTMAX = Problem.from_source(
+    """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+batch_size = 4
+dim = 16384
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+def get_init_inputs():
+    return []
+""",
+    name="softmax",
+)
+
+PAIR = Problem.from_source(
+    """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x.sum(dim=1), torch.relu(x)
+def get_inputs():
+    return [torch.randn(8, 32)]
+def get_init_inputs():
+    return []
+""",
+    name="pair",
+)
+
+GOOD_RELU = """
+import torch
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return torch.clamp(x, min=0)
+"""
+
+
+def candidate(body: str, init: str = "", header: str = "") -> str:
+    """A ModelNew whose forward(x) is `body` (indented 8 spaces by the caller's lines)."""
+    lines = ["import torch", header, "class ModelNew(torch.nn.Module):",
+             "    def __init__(self, *args):", "        super().__init__()"]  # fmt: skip
+    lines += ["        " + line for line in init.splitlines() if line.strip()]
+    lines += ["    def forward(self, x):"]
+    lines += ["        " + line for line in body.strip().splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(2, device="cpu", timeout=30, compile_timeout=30) as p:
+        yield p
+
+
+# ---------------------------------------------------------------------- schema
+
+
+def test_correct_candidate_is_ok_with_times_and_the_schema_filled(pool):
+    r = pool.evaluate(RELU, GOOD_RELU, **FAST)
+    assert r.status == "ok", r.error
+    assert r.ok and r.compiled and r.correct and r.trials == 3
+    assert r.candidate_ms > 0 and r.reference_ms > 0
+    assert r.speedup == pytest.approx(r.reference_ms / r.candidate_ms)
+    assert r.candidate_spread >= 0 and r.reference_spread >= 0
+    assert r.tolerances == {"float32.atol": 1e-4, "float32.rtol": 1e-4, "float32.norm_tol": 1e-3}
+    assert r.timing["method"] == "wall_clock" and r.timing["runs"] == 6
+    assert len(r.timing["candidate_runs_ms"]) == 6
+    assert r.device == "cpu" and r.worker in (0, 1)
+    assert r.problem_hash == RELU.hash and len(r.candidate_hash) == 64
+    # every guard is accounted for: fired, passed or skipped with a reason
+    assert r.guards == []
+    for guard in ("output_aliases_input", "output_reused", "input_mutated", "tampering",
+                  "timed_output", "revalidation"):  # fmt: skip
+        assert guard in r.guards_passed
+    for guard in ("no_own_kernels", "unwritten_output", "persisting_l2", "unmeasured_work",
+                  "bandwidth_floor"):  # fmt: skip
+        assert r.guards_skipped[guard]
+    assert set(r.guards_passed) | set(r.guards_skipped) == set(GUARDS)
+    assert {"load", "correctness", "timing", "revalidation", "total"} <= set(r.phase_seconds)
+
+
+def test_results_round_trip_through_json(pool):
+    ok = pool.evaluate(RELU, GOOD_RELU, **FAST)
+    bad = pool.evaluate(RELU, candidate("return x"), **FAST)
+    for r in (ok, bad):
+        text = r.to_json()
+        again = EvalResult.from_json(text)
+        assert again.to_json() == text
+        assert json.loads(text)["status"] == r.status
+    assert isinstance(EvalResult.from_json(bad.to_json()).failure, TrialFailure)
+
+
+def test_the_evaluate_function_and_a_problem_given_as_source(pool):
+    r = cudaforge.evaluate(RELU.source, GOOD_RELU, pool=pool, **FAST)
+    assert r.status == "ok", r.error
+
+
+# ---------------------------------------------------------------------- wrong candidates
+
+
+def test_wrong_candidate_reports_the_first_failing_trial(pool):
+    r = pool.evaluate(RELU, candidate("return torch.clamp(x, min=0.05)"), **FAST)
+    assert r.status == "incorrect" and not r.correct and r.compiled
+    f = r.failure
+    assert (f.trial, f.output_index, f.phase, f.seed) == (0, 0, "correctness", 0)
+    assert 0 < f.mismatches < f.total == 8 * 256
+    assert len(f.worst_index) == 2 and f.actual == pytest.approx(0.05)
+    assert f.max_abs_err == pytest.approx(0.05, rel=1e-3)
+    assert "atol 0.0001" in f.message and "trial 0 (seed 0)" in f.message
+
+
+def test_a_candidate_wrong_from_its_fifth_call_fails_in_trial_2(pool):
+    body = """
+self.calls = getattr(self, "calls", 0) + 1
+return torch.relu(x) + (1.0 if self.calls >= 5 else 0.0)
+"""
+    r = pool.evaluate(RELU, candidate(body), **FAST)
+    assert r.status == "incorrect" and r.failure.trial == 2 and r.trials == 3
+
+
+def test_all_zero_output_of_a_tiny_valued_problem_fails(pool):
+    # KernelBench issue #165: zeros pass softmax over 16k columns at atol 1e-2 elementwise
+    x = SOFTMAX.make_inputs(seed=0)[0]
+    expected = SOFTMAX.make_model()(x)
+    assert torch.allclose(torch.zeros_like(expected), expected, atol=1e-2, rtol=1e-2)
+    kb_v0 = {"atol": 1e-2, "rtol": 1e-2}  # KernelBench v0's tolerances
+    r = pool.evaluate(SOFTMAX, candidate("return torch.zeros_like(x)"), **kb_v0, **FAST)
+    assert r.status == "incorrect"
+    assert "relative L2 error" in r.failure.message and r.failure.rel_l2_err == pytest.approx(1.0)
+    # and the right answer at the same problem passes
+    ok = pool.evaluate(
+        SOFTMAX, candidate("return torch.exp(x) / torch.exp(x).sum(1, True)"), **FAST
+    )
+    assert ok.status == "ok", ok.error
+
+
+def test_nan_where_the_reference_has_none_fails(pool):
+    body = """
+y = torch.relu(x)
+y[3, 7] = float("nan")
+return y
+"""
+    r = pool.evaluate(RELU, candidate(body), **FAST)
+    assert r.status == "incorrect"
+    assert r.failure.worst_index == [3, 7] and r.failure.mismatches == 1
+    assert "NaN/Inf where the reference is finite" in r.failure.message
+
+
+@pytest.mark.parametrize(
+    "body,words",
+    [
+        ("return torch.relu(x).double()", "dtype torch.float64"),
+        ("return torch.relu(x)[:, :-1]", "shape (8, 255)"),
+        ("return torch.relu(x.t().contiguous()).t()", "strides (1, 8)"),
+        ("return torch.relu(torch.cat([x, x], 1))[:, :256]", "strides (512, 1)"),
+        ("return torch.nn.Parameter(torch.relu(x))", "Parameter"),
+        ("return torch.relu(x).tolist()", "where the reference returns a tensor"),
+        ("return None", "expected a tensor"),
+    ],
+)
+def test_outputs_are_checked_for_type_shape_dtype_and_strides(pool, body, words):
+    r = pool.evaluate(RELU, candidate(body), **FAST)
+    assert r.status == "incorrect", r.error
+    assert words in r.failure.message
+
+
+def test_every_output_of_a_tuple_is_compared(pool):
+    r = pool.evaluate(PAIR, candidate("return x.sum(dim=1), torch.relu(x) * 1.01"), **FAST)
+    assert r.status == "incorrect" and r.failure.output_index == 1
+    r = pool.evaluate(PAIR, candidate("return x.sum(dim=1)"), **FAST)
+    assert "returned a tensor where the reference returns a tuple of 2" in r.failure.message
+    r = pool.evaluate(PAIR, candidate("return x.sum(1), x.clamp(min=0)"), **FAST)
+    assert r.status == "ok", r.error
+
+
+# ---------------------------------------------------------------------- cheats
+
+
+def test_an_output_aliasing_its_input_fails(pool):
+    r = pool.evaluate(RELU, candidate("return x.relu_()"), **FAST)
+    assert r.status == "incorrect"
+    assert "output_aliases_input" in r.guards and "input_mutated" in r.guards
+
+
+def test_zeroing_the_inputs_does_not_fool_the_reference(pool):
+    # KernelBench PR #82: zero the inputs, return zeros; the reference runs on its own clone
+    r = pool.evaluate(RELU, candidate("x.zero_()\nreturn torch.zeros_like(x)"), **FAST)
+    assert r.status == "incorrect"
+
+
+def test_a_mutated_input_fails_even_with_the_right_output(pool):
+    r = pool.evaluate(RELU, candidate("y = torch.relu(x)\nx.mul_(2)\nreturn y"), **FAST)
+    assert r.status == "incorrect" and "input_mutated" in r.guards
+    assert "input 0 was changed" in r.guard_details["input_mutated"]
+
+
+def test_returning_an_earlier_calls_tensor_fails(pool):
+    body = """
+if getattr(self, "cached", None) is None:
+    self.cached = torch.relu(x)
+return self.cached
+"""
+    r = pool.evaluate(RELU, candidate(body), **FAST)
+    assert r.status == "incorrect" and "output_reused" in r.guards
+
+
+def test_replaying_results_during_timing_is_caught(pool):
+    # honest for the correctness trials (6 calls), then replays its last output (batch-and-skip)
+    body = """
+self.calls = getattr(self, "calls", 0) + 1
+if self.calls > 8:
+    return self.last.clone()
+self.last = torch.relu(x)
+return self.last
+"""
+    r = pool.evaluate(RELU, candidate(body), **FAST)
+    assert r.status == "rejected" and not r.correct
+    assert r.guards == ["timed_output"] and r.failure.phase == "timed_output"
+
+
+def test_going_wrong_after_timing_is_caught_by_revalidation(pool):
+    # 2 calls per trial, warm-up, timed runs and one checked run per input set, then wrong
+    honest = 2 * FAST["trials"] + FAST["warmup"] + FAST["timed_runs"] + FAST["input_sets"]
+    body = f"""
+self.calls = getattr(self, "calls", 0) + 1
+return torch.relu(x) if self.calls <= {honest} else torch.relu(x) * 0.5
+"""
+    r = pool.evaluate(RELU, candidate(body), **FAST)
+    assert r.status == "rejected" and r.guards == ["revalidation"]
+    assert r.failure.phase == "revalidation" and "after timing" in r.failure.message
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_fresh_inputs_leave_a_fingerprint_cache_no_hits_in_timing(pool, tmp_path, fresh):
+    hits = tmp_path / "hits"
+    body = f"""
+key = (tuple(x.shape), tuple(x.flatten()[:8].tolist()))
+cache = self.__dict__.setdefault("cache", {{}})
+if key in cache:
+    with open({str(hits)!r}, "a") as f:
+        f.write("hit\\n")
+    return cache[key].clone()
+cache[key] = torch.relu(x)
+return cache[key].clone()
+"""
+    opts = {**FAST, "trials": 2, "warmup": 2, "timed_runs": 10, "fresh_inputs": fresh}
+    r = pool.evaluate(RELU, candidate(body), **opts)
+    count = len(hits.read_text().splitlines()) if hits.exists() else 0
+    assert r.status == "ok", r.error  # its outputs are right: a value cache is not wrong
+    # the second call of each trial hits (same values); with fresh inputs no timed run does
+    expected = 2 if fresh else 2 + 10
+    assert count == expected
+
+
+def test_replacing_torch_functions_is_tampering(pool):
+    cheat = """
+import torch
+torch.softmax = lambda x, dim: torch.zeros_like(x)
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return torch.zeros_like(x)
+"""
+    r = pool.evaluate(SOFTMAX, cheat, **FAST)
+    assert r.status == "rejected" and "tampering" in r.guards
+    assert "torch.softmax" in r.guard_details["tampering"]
+
+
+def test_patching_the_timer_is_tampering(pool):
+    body = """
+import time
+time.perf_counter_ns = lambda: 0
+return torch.relu(x)
+"""
+    r = pool.evaluate(RELU, candidate(body), **FAST)
+    assert r.status == "rejected" and "time.perf_counter_ns" in r.guard_details["tampering"]
+
+
+def test_changed_torch_settings_are_noted_and_undone(pool):
+    cheat = "import torch\ntorch.set_default_dtype(torch.float64)\n" + GOOD_RELU
+    r = pool.evaluate(RELU, cheat, **FAST)
+    assert r.status == "ok", r.error
+    assert any("default_dtype" in note for note in r.notes)
+
+
+def test_bandwidth_floor_with_a_given_ceiling(pool):
+    # 1 byte/s: every forward is "faster than memory allows", so the guard must fire
+    r = pool.evaluate(RELU, GOOD_RELU, bandwidth_ceiling=1.0, **FAST)
+    assert r.status == "rejected" and r.guards == ["bandwidth_floor"]
+    assert r.timing["floor_bytes"] == 8 * 256 * 4 * 2
+    r = pool.evaluate(RELU, GOOD_RELU, bandwidth_ceiling=1.0, ignore_guards=["bandwidth_floor"],
+                      **FAST)  # fmt: skip
+    assert r.status == "ok" and r.guards == ["bandwidth_floor"]
+    r = pool.evaluate(RELU, GOOD_RELU, bandwidth_ceiling=1e15, **FAST)
+    assert r.status == "ok" and "bandwidth_floor" in r.guards_passed, r.error
+
+
+# ---------------------------------------------------------------------- bad candidates
+
+
+@pytest.mark.parametrize(
+    "source,status,words",
+    [
+        ("import torch\nclass Other: pass\n", "load_error", "defines no ModelNew"),
+        ("import torch\nclass ModelNew(torch.nn.Module:\n", "load_error", "syntax error at line 2"),
+        ("import nonexistent_module_xyz\n", "load_error", "ModuleNotFoundError"),
+        (
+            (
+                "import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self, a, b):\n"
+                "        super().__init__()\n"
+            ),
+            "load_error",
+            "missing 2 required positional arguments",
+        ),
+        (
+            (
+                "import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self):\n"
+                "        raise ValueError('no weights')\n"
+            ),
+            "load_error",
+            "ValueError: no weights",
+        ),
+        (
+            candidate("raise RuntimeError('kernel launch failed')"),
+            "runtime_error",
+            "RuntimeError: kernel launch failed",
+        ),
+        (
+            GOOD_RELU.replace("forward(self, x)", "forward(self, x, y)"),
+            "runtime_error",
+            "TypeError",
+        ),
+        (
+            "import torch\nraise RuntimeError(\"Error building extension 'k': nvcc: bad\")\n",
+            "compile_error",
+            "did not compile",
+        ),
+    ],
+)
+def test_bad_candidates_get_a_clear_error(pool, source, status, words):
+    r = pool.evaluate(RELU, source, **FAST)
+    assert r.status == status and words in r.error, r.error
+    if "kernel launch failed" in words:
+        assert "<candidate" in r.traceback and "kernel launch failed" in r.traceback
+    if status == "compile_error":
+        assert "nvcc: bad" in r.compile_log and not r.compiled
+    # the worker is fine afterwards
+    assert pool.evaluate(RELU, GOOD_RELU, **FAST).ok
+
+
+# ---------------------------------------------------------------------- pure functions
+
+
+def test_options_resolve_tolerances_and_refuse_unknowns():
+    o = make_options(atol=1e-3)
+    assert o.atol["float16"] == o.atol["float32"] == 1e-3 and o.rtol["float32"] == 1e-4
+    o = make_options(atol={"fp16": 5e-3}, rtol={"torch.bfloat16": 2e-2})
+    assert (o.atol["float16"], o.atol["float32"], o.rtol["bfloat16"]) == (5e-3, 1e-4, 2e-2)
+    with pytest.raises(TypeError, match="unknown evaluation option"):
+        make_options(trails=3)
+    with pytest.raises(ValueError, match="unknown guard"):
+        make_options(ignore_guards=["speed"])
+    with pytest.raises(ValueError):
+        make_options(trials=0)
+
+
+def test_check_outputs_handles_special_values_and_exact_dtypes():
+    o = EvalOptions()
+    e = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0])
+    assert check_outputs(e.clone(), e, o) is None
+    bad = e.clone()
+    bad[2] = -float("inf")
+    f = check_outputs(bad, e, o)
+    assert f.mismatches == 1 and f.worst_index == [2]
+    ints = torch.arange(10)
+    f = check_outputs(ints + (ints == 7), ints, o)
+    assert f.mismatches == 1 and f.worst_index == [7] and "compared exactly" in f.message
+    assert check_outputs(3.0, 3.0 + 1e-6, o) is None
+    assert check_outputs(3, 4, o) is not None
+    half = torch.randn(100).half()
+    assert check_outputs(half + 1e-3, half, o) is None  # within fp16's 1e-2
+    assert check_outputs(half.float(), half, o).message.endswith("expected torch.float16")
+    assert math.isnan(TrialFailure(0, 0, "m").max_abs_err)
+
+
+def test_kernel_names_and_the_own_kernel_rule():
+    source = """
+    extern "C" __global__ void add_kernel(const float* a, float* b, int n) {}
+    template <int B> __global__ void __launch_bounds__(256, 2) tiled_matmul(float* c) {}
+    __global__ static void elementwise_kernel(float* x) {}
+    """
+    names = kernel_names_in(source)
+    assert names == {"add_kernel", "tiled_matmul", "elementwise_kernel"}
+    assert is_own_kernel("add_kernel", names)
+    assert is_own_kernel("_Z12tiled_matmulILi128EEvPf", names)
+    assert is_own_kernel("void tiled_matmul<128>(float*)", names)
+    assert is_own_kernel("_ZN4mine18elementwise_kernelEPf", names)
+    # torch's kernel of the same name is not the candidate's
+    assert not is_own_kernel("_ZN2at6native18elementwise_kernelILi128ELi4EEEviT1_", names)
+    assert not is_own_kernel("_Z13xadd_kernelPf", {"add_kernel"})  # a longer name
+    assert not is_own_kernel("sm90_xmma_gemm_f32f32", names)
+    assert not is_own_kernel("add_kernel", set())
