@@ -348,6 +348,14 @@ class WorkerPool:
             worker.start()
 
     def _run(self, worker: _Worker, job: _Job) -> EvalResult:
+        result = self._attempt(worker, job)
+        if result is None:  # the worker was already dead when the job came: once more
+            result = self._attempt(worker, job) or _failed(
+                job, "crashed", f"worker {worker.index} died twice before taking the job"
+            )
+        return result
+
+    def _attempt(self, worker: _Worker, job: _Job) -> EvalResult | None:
         if not worker.alive():
             worker.kill()  # died between evaluations (killed from outside): a fresh one
             worker.start()
@@ -367,6 +375,7 @@ class WorkerPool:
             pass  # a dead worker shows up as EOF below
         phase, limit = "loading", job.options.compile_timeout
         deadline = started + limit
+        accepted = False
         while True:
             try:
                 message = _recv(worker.results, deadline)
@@ -387,6 +396,8 @@ class WorkerPool:
                 code = worker.process.wait() if worker.process else None
                 tail = worker.log_tail()
                 self._replace(worker)
+                if not accepted:
+                    return None  # died before it took the job: not the candidate's doing
                 result = _failed(
                     job,
                     "crashed",
@@ -398,6 +409,9 @@ class WorkerPool:
                 result.compiled = phase == "running"
                 result.phase_seconds["total"] = time.monotonic() - started
                 return result
+            if message.get("type") == "phase" and message.get("phase") == "accepted":
+                accepted = True
+                continue
             if message.get("type") == "phase":
                 phase, limit = "running", job.options.timeout
                 deadline = time.monotonic() + limit
@@ -543,6 +557,7 @@ def _child(requests: int, results: int, index: int, parent: int) -> None:
         if message.get("type") != "evaluate":
             continue
         print(f"--- evaluation of {message['problem'].name}", flush=True)
+        _send(results, {"type": "phase", "phase": "accepted"})
 
         def on_phase(phase: str) -> None:
             _send(results, {"type": "phase", "phase": phase})
