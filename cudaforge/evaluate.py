@@ -633,6 +633,12 @@ class _Evaluation:
             candidate_runs_ms=[round(t, 6) for t in cand.times],
             reference_runs_ms=[round(t, 6) for t in ref.times],
         )
+        # the guards read from the times first, so that they are all on record even when a
+        # checked run below turns out wrong
+        if self.cuda:
+            self.unmeasured_check(cand, ref)
+            self.kernel_breakdown(cand, ref)
+        self.bandwidth_check()
         # the checked runs: the candidate's outputs against the reference on the same values
         self.settings.apply()
         for j, (snapshot, out) in enumerate(cand.checked):
@@ -647,10 +653,6 @@ class _Evaluation:
                 self.incorrect(failure)
         cand.checked = []
         self.passed_guard("timed_output")
-        if self.cuda:
-            self.unmeasured_check(cand, ref)
-            self.kernel_breakdown(cand, ref)
-        self.bandwidth_check()
 
     def input_set_count(self) -> int:
         """At most opts.input_sets buffers, fewer when they would not fit (a quarter of free GPU
