@@ -387,6 +387,10 @@ class _Evaluation:
         if name:
             sys.modules.pop(name, None)
         self.candidate_module = None
+        # drop every tensor and model this evaluation holds before returning memory to the GPU
+        for name in ("candidate", "reference", "ref_module", "timed_buffers", "flush_buffer"):
+            self.__dict__.pop(name, None)
+        self.poison = None
         if self.settings is not None:
             self.settings.restore()
         gc.collect()
@@ -545,8 +549,13 @@ class _Evaluation:
                 if hit and not ref_aliases:
                     self.fire("output_aliases_input", f"trial {trial}: output {hit[0]} shares "
                               f"memory with input {hit[1]}")  # fmt: skip
+            # an output that is the model's own state (a parameter, a buffer) is the same memory
+            # on every call for the reference too
+            state = []
+            if isinstance(self.reference, torch.nn.Module):
+                state = [*self.reference.parameters(), *self.reference.buffers()]
             reused = _overlap(_leaves(outs[1]), _leaves(outs[0]))
-            if reused:
+            if reused and not _overlap(_leaves(ref_out), state):
                 self.fire("output_reused", f"trial {trial}: the second call's output {reused[0]} "
                           f"is memory of the first call's output {reused[1]} (a cached result)")  # fmt: skip
             ref_mutated = _changed(base, ref_inputs)
@@ -727,7 +736,7 @@ class _Evaluation:
                 times.append((time.perf_counter_ns() - t0) / 1e6)
             del out
         self.sync(who)
-        records = tracer.stop() if tracer is not None else None
+        records = tracer.stop(who) if tracer is not None else None
         if self.cuda:
             times = [s.elapsed_time(e) for s, e in events]
         # checked runs: synchronized, one per buffer, fresh values, outputs kept
@@ -793,7 +802,8 @@ class _Evaluation:
             self.static_own_check()
             return
         ref_names = {rec["name"] for rec in ref.records or ()}
-        own = {rec["name"] for rec in cand.records if is_own_kernel(rec["name"], self.own_names)}
+        names = {rec["name"] for rec in cand.records}
+        own = {name for name in names if is_own_kernel(name, self.own_names)}
         borrowed = own & ref_names
         own -= ref_names
         if borrowed:
@@ -935,11 +945,21 @@ class _Evaluation:
         def forward():
             return self.candidate(*inputs)
 
+        extra: dict[str, Any] = {}
+        if spec.endswith(":profile_forward"):
+            # what profile_forward can use from the candidate's cudaforge.compile modules
+            resources, kernels = {}, {}
+            for mod in self.hooks.compiled_modules if self.hooks else ():
+                with contextlib.suppress(Exception):
+                    resources.update(mod.resources)
+                    kernels.update({name: mod.kernel(name) for name in mod.kernels})
+            extra = {"resources": resources or None, "kernels": kernels or None}
         try:
             got = hook(
                 forward,
                 own=sorted(self.own_names),
                 min_bytes=self.input_bytes + self.output_bytes,
+                **extra,
             )
             r.profile = got.to_dict() if hasattr(got, "to_dict") else dict(got)
         except Exception as e:  # noqa: BLE001 - profiling is best effort; the reason is kept
@@ -1490,6 +1510,7 @@ class _Tracer:
         except Exception as e:  # noqa: BLE001 - ProfilerError and friends: keep the reason
             reason = getattr(e, "reason", "") or type(e).__name__
             self.reason = f"CUPTI tracing unavailable ({reason}: {_one_line(e)})"
+            self.run.result.timing["cupti"] = self.reason
             return False
 
     def _stop(self) -> list[dict] | None:
@@ -1504,6 +1525,7 @@ class _Tracer:
                 records = self.core.timing_stop()
             except Exception as e:  # noqa: BLE001
                 self.reason = f"CUPTI tracing failed: {_one_line(e)}"
+                self.run.result.timing["cupti"] = self.reason
                 return None
         for w in caught:
             self.run.result.notes.append(f"CUPTI: {w.message}")
@@ -1513,17 +1535,19 @@ class _Tracer:
         if self.reason is None:
             self._start()
 
-    def stop(self) -> list[dict] | None:
+    def stop(self, who: str) -> list[dict] | None:
         records = self._stop()
         if records is None:
             return None
         ours = [r for r in records if r.get("stream") != self.harness_stream_id]
-        self.summarize(ours)
+        self.summarize(ours, who)
         return ours
 
-    def summarize(self, records: list[dict]) -> None:
+    def summarize(self, records: list[dict], who: str) -> None:
         r, runs = self.run.result, self.run.opts.timed_runs
+        key = "cupti_busy_ms" if who == "candidate" else "reference_cupti_busy_ms"
         if not records:
+            r.timing[key] = 0.0
             return
         spans = sorted((rec["start_ns"], rec["end_ns"]) for rec in records)
         busy, cur_start, cur_end = 0, spans[0][0], spans[0][1]
@@ -1534,7 +1558,6 @@ class _Tracer:
             else:
                 cur_end = max(cur_end, e)
         busy += cur_end - cur_start
-        key = "cupti_busy_ms" if "cupti_busy_ms" not in r.timing else "reference_cupti_busy_ms"
         r.timing[key] = busy / runs / 1e6
         if key == "cupti_busy_ms":
             r.timing["cupti_streams"] = len({rec.get("stream") for rec in records})
