@@ -442,3 +442,133 @@ def test_kernel_names_and_the_own_kernel_rule():
     assert not is_own_kernel("_Z13xadd_kernelPf", {"add_kernel"})  # a longer name
     assert not is_own_kernel("sm90_xmma_gemm_f32f32", names)
     assert not is_own_kernel("add_kernel", set())
+
+
+# ---------------------------------------------------------------------- GPU logic on synthetic data
+# The decisions made from CUPTI records and timings are plain Python: checked here with made-up
+# records, so that the GPU tests only have to show that the records are right.
+
+
+def _evaluation(own_names=(), runs=2):
+    from cudaforge.evaluate import _Evaluation
+
+    result = EvalResult(problem="p")
+    run = _Evaluation(RELU, GOOD_RELU, make_options(timed_runs=runs), result, None)
+    run.own_names = set(own_names)
+    return run, result
+
+
+def _record(name, start_us, end_us, stream=7):
+    return {"name": name, "start_ns": int(start_us * 1e3), "end_ns": int(end_us * 1e3),
+            "duration_ns": int((end_us - start_us) * 1e3), "stream": stream}  # fmt: skip
+
+
+def _measurement(records, times=(0.05, 0.05)):
+    from cudaforge.evaluate import _Measurement
+
+    return _Measurement(list(times), records, [], [0.06, 0.06], [0.05, 0.05])
+
+
+def test_kernel_breakdown_finds_own_kernels_and_their_share():
+    run, r = _evaluation({"relu_kernel"})
+    cand = [_record("relu_kernel", 0, 30), _record("_ZN2at6native18elementwise_kernelIvE", 30, 40),
+            _record("relu_kernel", 100, 130), _record("_ZN2at6native18elementwise_kernelIvE", 130, 140)]  # fmt: skip
+    ref = [_record("_ZN2at6native18elementwise_kernelIvE", 0, 10)]
+    run.kernel_breakdown(_measurement(cand), _measurement(ref))
+    k0 = r.kernels[0]
+    assert (k0.name, k0.calls, k0.own) == ("relu_kernel", 1, True)
+    assert r.kernels[0].total_us == pytest.approx(30) and r.kernels[0].mean_us == pytest.approx(30)
+    assert r.own_kernel_share == pytest.approx(0.75)
+    assert "no_own_kernels" not in run.fired and "no_own_kernels" in run.passed
+
+
+def test_no_own_kernels_fires_for_library_kernels_or_borrowed_names():
+    run, r = _evaluation({"relu_kernel"})
+    run.kernel_breakdown(_measurement([_record("ampere_sgemm_128x64", 0, 50)]), _measurement([]))
+    assert "no_own_kernels" in run.fired and r.own_kernel_share == 0
+    # a kernel named like one the reference launches is not counted as the candidate's
+    run, r = _evaluation({"sm90_xmma_gemm_f32"})
+    gemm = [_record("sm90_xmma_gemm_f32", 0, 50)]
+    run.kernel_breakdown(_measurement(gemm), _measurement(gemm))
+    assert "no_own_kernels" in run.fired and any("named like" in n for n in r.notes)
+
+
+def test_unmeasured_work_from_synchronized_runs_and_from_cupti():
+    from cudaforge.evaluate import _Measurement
+
+    run, r = _evaluation()
+    r.candidate_ms = 0.01
+    r.timing["candidate_mean_ms"] = 0.01
+    honest = _Measurement([0.01], None, [], [0.03, 0.03], [0.01, 0.01])
+    run.unmeasured_check(honest, honest)
+    assert "unmeasured_work" not in run.fired
+    hidden = _Measurement([0.01], None, [], [1.5, 1.5], [0.01, 0.01])  # a side stream's 1.5 ms
+    run.unmeasured_check(hidden, honest)
+    assert "synchronized run took 1.5000 ms" in run.fired["unmeasured_work"]
+    run, r = _evaluation()
+    r.candidate_ms = 0.01
+    r.timing.update(candidate_mean_ms=0.01, cupti_busy_ms=0.4)
+    run.unmeasured_check(honest, honest)
+    assert "CUPTI saw the GPU busy" in run.fired["unmeasured_work"]
+
+
+def test_the_tracer_drops_the_harness_stream_and_measures_busy_time():
+    from cudaforge.evaluate import _Tracer
+
+    run, r = _evaluation(runs=2)
+    harness = [_record("fill", 0, 5, stream=3)]
+    timed = [_record("fill", 0, 5, stream=3), _record("k", 10, 20, stream=7),
+             _record("k2", 15, 30, stream=9), _record("fill", 40, 45, stream=3),
+             _record("k", 50, 60, stream=7)]  # fmt: skip
+    batches = [harness, timed]
+
+    class FakeCore:
+        def timing_start(self):
+            pass
+
+        def timing_stop(self):
+            return batches.pop(0)
+
+    run.sync = lambda who="candidate": None
+    run.prepare_run = lambda buffers, seed, index: None
+    tracer = _Tracer.__new__(_Tracer)
+    tracer.run, tracer.active, tracer.harness_stream_id, tracer.reason = run, False, None, None
+    tracer.core = FakeCore()
+    tracer.calibrate()
+    assert tracer.harness_stream_id == 3
+    tracer.start()
+    records = tracer.stop("candidate")
+    assert [rec["name"] for rec in records] == ["k", "k2", "k"]
+    # union of [10, 30] and [50, 60] us over 2 runs: 15 us per forward
+    assert r.timing["cupti_busy_ms"] == pytest.approx(0.015)
+    assert r.timing["cupti_streams"] == 2
+
+
+def test_poison_fills_only_the_free_blocks():
+    from types import SimpleNamespace
+
+    from cudaforge.evaluate import _Poison
+
+    filled = []
+
+    class View:
+        def __init__(self, cai):
+            self.cai = cai
+
+        def fill_(self, value):
+            filled.append((self.cai["data"][0], self.cai["shape"][0], value))
+
+    snapshot = [
+        {"device": 0, "address": 1000, "blocks": [
+            {"size": 100, "state": "active_allocated"}, {"size": 50, "state": "inactive"},
+            {"size": 30, "state": "active_pending_free"}, {"size": 20, "state": "inactive"}]},
+        {"device": 1, "address": 9000, "blocks": [{"size": 10, "state": "inactive"}]},
+    ]  # fmt: skip
+    fake = SimpleNamespace(
+        cuda=SimpleNamespace(memory_snapshot=lambda: snapshot),
+        as_tensor=lambda obj, device: View(obj.__cuda_array_interface__),
+    )
+    poison = _Poison(fake, SimpleNamespace(index=0))
+    poison.reserved = 1 << 40  # skip the reservation (it allocates)
+    assert poison.fill(0, 0) == 70
+    assert filled == [(1100, 50, 0xFF), (1180, 20, 0xFF)]
