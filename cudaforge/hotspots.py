@@ -467,7 +467,8 @@ class _ShapeTracer(fx.Tracer):
                 continue
             if not _is_literal(value):
                 raise NotExtractable(f"argument {key!r} is a {type(value).__name__}")
-        graph = self.trace(module, concrete_args=concrete or None)
+        with torch.no_grad():  # observed values without autograd history
+            graph = self.trace(module, concrete_args=concrete or None)
         _drop_specialization_asserts(graph)
         for node in graph.nodes:
             if node.op == "placeholder":
@@ -1116,7 +1117,7 @@ class Site:
     label: str
     module: nn.Module
     root: nn.Module
-    root_keys: list[str]
+    root_keys: list[str | None]
     problem_keys: list[str]
     tensors: list[torch.Tensor]
     template: list[tuple[str, Any]]
@@ -1130,6 +1131,10 @@ class Site:
     ms: float | None = None  # one call of the original, measured on the captured inputs
     node_names: list[str] = field(default_factory=list)  # chain: the owner graph's nodes
     graph: fx.Graph | None = None  # chain: the owner's traced graph
+    external: list[str] = field(default_factory=list)  # chain: the nodes it takes, in order
+    output_name: str = ""  # chain: the node whose value it returns
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # chain: traced constants
+    owner_arguments: list[tuple[str, Any]] = field(default_factory=list)  # chain: owner's call
     owner_training: bool = False
 
     @property
@@ -1153,7 +1158,7 @@ class Site:
         if tensors is None:
             output = self.root(*args, **kwargs)
         else:
-            swapped = dict(zip(self.root_keys, tensors))
+            swapped = {k: t for k, t in zip(self.root_keys, tensors) if k is not None}
             output = torch.func.functional_call(self.root, swapped, args, kwargs, strict=False)
         return flatten_output(output, self.structure)
 
@@ -1364,6 +1369,9 @@ def _region_site(
     )
     site.node_names = [n.name for n in region.nodes]
     site.graph = graph
+    site.external = [n.name for n in external]
+    site.output_name = region.output.name
+    site.constants = dict(constants)
     site.owner_training = owner.training
     source = _source_for(holder, problem_graph, f"cudaforge hot spot (chain): {label}", inputs)
     return Candidate(site, source)
@@ -1400,7 +1408,7 @@ def _make_site(path, kind, label, module, root, holder, template, kw_template, i
         keys.append(name)
         tensors.append(tensor)
     root_names = {id(t): n for n, t in _named_tensors(root)}
-    root_keys = [root_names.get(id(t), k) for k, t in zip(keys, tensors)]
+    root_keys = [root_names.get(id(t)) for t in tensors]  # None: made by the forward itself
     return Site(
         path=path, kind=kind, label=label, module=module, root=root, root_keys=root_keys,
         problem_keys=keys, tensors=tensors, template=template, kw_template=kw_template,
@@ -1616,12 +1624,21 @@ def _chain_sites(path: str, owner: nn.Module, call: Call) -> tuple[list[Candidat
     except Exception as exc:  # noqa: BLE001
         raise NotExtractable(f"torch.fx cannot trace its forward: {_first_line(exc)}") from None
     _check_same(next(n for n in graph.nodes if n.op == "output"), call.output)
+    arguments = []
+    for name, value in tracer.inputs.items():
+        if isinstance(value, torch.Tensor):
+            arguments.append((name, ("tensor", TensorSpec.of(value))))
+        else:
+            arguments.append((name, ("const", value)))
     found, refused = [], []
     for region in find_chains(graph, owner):
         try:
-            found.append(_region_site(path, owner, graph, region, tracer.constants, call.count))
+            candidate = _region_site(path, owner, graph, region, tracer.constants, call.count)
         except NotExtractable as exc:
             refused.append(f"{_op_name(region.anchor, owner)} chain: {exc}")
+            continue
+        candidate.site.owner_arguments = arguments
+        found.append(candidate)
     return found, refused
 
 
