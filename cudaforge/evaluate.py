@@ -115,6 +115,7 @@ class EvalOptions:
     allow_tf32: bool = False  # False: fp32 matmul/conv of the reference in true fp32
     profile: bool | str = False  # True: cudaforge.profile.profile_forward; or "module:function"
     ignore_guards: tuple[str, ...] = ()  # still checked and reported, but they do not reject
+    extra_sizes: tuple[dict, ...] = ()  # more correctness trials, one per set of size overrides
     timeout: float = 60.0  # s, for the runs after loading (enforced by the worker pool)
     compile_timeout: float = 300.0  # s, for loading and compiling the candidate
 
@@ -139,6 +140,8 @@ def make_options(
         raise ValueError("trials and timed_runs must be >= 1 and warmup >= 0")
     if more.get("input_sets", 4) < 1:
         raise ValueError("input_sets must be >= 1")
+    if "extra_sizes" in more:
+        more["extra_sizes"] = tuple(dict(s) for s in more["extra_sizes"])
     if "ignore_guards" in more:
         bad = [g for g in more["ignore_guards"] if g not in GUARDS]
         if bad:
@@ -450,6 +453,7 @@ class _Evaluation:
         if not callable(candidate):
             self.stop("load_error", "ModelNew(...) built an object that cannot be called")
         self.candidate = candidate
+        self.model_new = model_new
         r.compiled = True
         self.own_names = self.hooks.kernel_names() | kernel_names_in(self.source)
         if self.hooks.compiled_modules:
@@ -510,83 +514,113 @@ class _Evaluation:
     # ------------------------------------------------------------------ correctness
 
     def correctness(self) -> None:
-        torch, opts, r = self.torch, self.opts, self.result
+        opts, r = self.opts, self.result
         r.trials = 0
         for trial in range(opts.trials):
-            seed = opts.seed + trial
-            base = self.problem.make_inputs(seed, self.device, self.ref_module)
-            self.input_bytes = _tensor_bytes(base)
-            runs = [_clone(base), _clone(base)]
-            outs = []
-            for j in range(2):
-                self.poison_now()
-                out = self.call(self.candidate, runs[j], "candidate")
-                self.sync()
-                outs.append(out)
-            ref_inputs = _clone(base)
-            self.settings.apply()
-            ref_out = self.call(self.reference, ref_inputs, "reference")
-            self.sync("reference")
-            self.output_bytes = _tensor_bytes(_leaves(ref_out))
-            self.dtypes_seen = {
-                str(t.dtype).replace("torch.", "")
-                for t in _leaves(ref_out)
-                if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
-            }
-            for j, out in enumerate(outs):
-                failure = check_outputs(out, ref_out, opts, trial=trial, seed=seed)
-                if failure is not None:
-                    if j == 1:
-                        failure.message = (
-                            "second call: " + failure.message + " (the first call was right: "
-                            "state kept between calls, or a non-deterministic result)"
-                        )
-                    self.incorrect(failure)
-            # structure guards
-            ref_aliases = _aliases(_leaves(ref_out), ref_inputs)
-            for j, out in enumerate(outs):
-                hit = _aliases(_leaves(out), runs[j])
-                if hit and not ref_aliases:
-                    self.fire("output_aliases_input", f"trial {trial}: output {hit[0]} shares "
-                              f"memory with input {hit[1]}")  # fmt: skip
-            # an output that is the model's own state (a parameter, a buffer) is the same memory
-            # on every call for the reference too
-            state = []
-            if isinstance(self.reference, torch.nn.Module):
-                state = [*self.reference.parameters(), *self.reference.buffers()]
-            reused = _overlap(_leaves(outs[1]), _leaves(outs[0]))
-            if reused and not _overlap(_leaves(ref_out), state):
-                self.fire("output_reused", f"trial {trial}: the second call's output {reused[0]} "
-                          f"is memory of the first call's output {reused[1]} (a cached result)")  # fmt: skip
-            ref_mutated = _changed(base, ref_inputs)
-            for j in range(2):
-                mutated = _changed(base, runs[j])
-                if mutated is not None and ref_mutated is None:
-                    self.fire("input_mutated", f"trial {trial}: input {mutated} was changed by the "
-                              "candidate (the reference leaves it as it was)")  # fmt: skip
-                elif mutated is not None:
-                    # the reference changes its inputs too: they must end up the same
-                    failure = check_outputs(runs[j], ref_inputs, opts, trial=trial, seed=seed)
-                    if failure is not None:
-                        failure.message = "inputs after the call differ: " + failure.message
-                        self.incorrect(failure)
-            hit = [g for g in CORRECTNESS_GUARDS if g in self.fired]
-            if hit:
-                r.trials = trial + 1
-                self.stop(
-                    "incorrect",
-                    "failed guard(s) " + ", ".join(f"{g}: {self.fired[g]}" for g in hit),
-                )
-            self.check_tampering(f"trial {trial}")
-            self.check_settings(f"trial {trial}")
-            self.check_l2()
-            r.trials = trial + 1
-            del base, runs, outs, ref_out, ref_inputs
+            self.trial(trial, opts.seed + trial, self.problem, self.ref_module, self.reference,
+                       self.candidate, "")  # fmt: skip
+        # extra shapes: the same checks with other size constants (a new Model and ModelNew)
+        for j, sizes in enumerate(opts.extra_sizes):
+            problem = self.problem.with_sizes(**sizes)
+            try:
+                module = problem.build_module()
+                reference = problem.make_model(self.device, opts.seed, module)
+                init = problem.init_inputs(opts.seed, self.device, module)
+            except Exception as e:  # noqa: BLE001 - sizes the problem itself cannot take
+                r.notes.append(f"extra sizes {sizes} skipped: the problem fails with them "
+                               f"({_one_line(e)})")  # fmt: skip
+                continue
+            try:
+                with _seeded(opts.seed), self.torch.device(self.device):
+                    candidate = self.model_new(*init)
+                if hasattr(candidate, "to"):
+                    candidate = candidate.to(self.device)
+            except Exception as e:  # noqa: BLE001
+                self.fail_from_exception(e, where="init")
+            self.trial(opts.trials + j, opts.seed + 50_000 + j, problem, module, reference,
+                       candidate, f" with sizes {sizes}")  # fmt: skip
         r.correct = True
         r.tolerances = self.tolerances_used
         self.passed_guard(*CORRECTNESS_GUARDS)
         if self.cuda:
             self.passed_guard("unwritten_output")
+
+    def trial(self, trial, seed, problem, module, reference, candidate, label: str) -> None:
+        """One trial: the candidate twice (each on its own clone of fresh inputs, on a poisoned
+        allocator), then the reference on another clone; outputs, aliasing, reuse, inputs."""
+        torch, opts, r = self.torch, self.opts, self.result
+        main = not label
+        base = problem.make_inputs(seed, self.device, module)
+        if main:
+            self.input_bytes = _tensor_bytes(base)
+        runs = [_clone(base), _clone(base)]
+        outs = []
+        for j in range(2):
+            self.poison_now()
+            out = self.call(candidate, runs[j], "candidate")
+            self.sync()
+            outs.append(out)
+        ref_inputs = _clone(base)
+        self.settings.apply()
+        ref_out = self.call(reference, ref_inputs, "reference")
+        self.sync("reference")
+        if main:
+            self.output_bytes = _tensor_bytes(_leaves(ref_out))
+        self.dtypes_seen = (self.dtypes_seen or set()) | {
+            str(t.dtype).replace("torch.", "")
+            for t in _leaves(ref_out)
+            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+        }
+        for j, out in enumerate(outs):
+            failure = check_outputs(out, ref_out, opts, trial=trial, seed=seed)
+            if failure is not None:
+                failure.message = failure.message.replace(
+                    f"trial {trial}", f"trial {trial}{label}", 1
+                )
+                if j == 1:
+                    failure.message = (
+                        "second call: " + failure.message + " (the first call was right: "
+                        "state kept between calls, or a non-deterministic result)"
+                    )
+                self.incorrect(failure)
+        ref_aliases = _aliases(_leaves(ref_out), ref_inputs)
+        for j, out in enumerate(outs):
+            hit = _aliases(_leaves(out), runs[j])
+            if hit and not ref_aliases:
+                self.fire("output_aliases_input", f"trial {trial}: output {hit[0]} shares "
+                          f"memory with input {hit[1]}")  # fmt: skip
+        # an output that is the model's own state (a parameter, a buffer) is the same memory
+        # on every call for the reference too
+        state = []
+        if isinstance(reference, torch.nn.Module):
+            state = [*reference.parameters(), *reference.buffers()]
+        reused = _overlap(_leaves(outs[1]), _leaves(outs[0]))
+        if reused and not _overlap(_leaves(ref_out), state):
+            self.fire("output_reused", f"trial {trial}: the second call's output {reused[0]} "
+                      f"is memory of the first call's output {reused[1]} (a cached result)")  # fmt: skip
+        ref_mutated = _changed(base, ref_inputs)
+        for j in range(2):
+            mutated = _changed(base, runs[j])
+            if mutated is not None and ref_mutated is None:
+                self.fire("input_mutated", f"trial {trial}: input {mutated} was changed by the "
+                          "candidate (the reference leaves it as it was)")  # fmt: skip
+            elif mutated is not None:
+                # the reference changes its inputs too: they must end up the same
+                failure = check_outputs(runs[j], ref_inputs, opts, trial=trial, seed=seed)
+                if failure is not None:
+                    failure.message = "inputs after the call differ: " + failure.message
+                    self.incorrect(failure)
+        hit = [g for g in CORRECTNESS_GUARDS if g in self.fired]
+        if hit:
+            r.trials = trial + 1
+            self.stop(
+                "incorrect",
+                "failed guard(s) " + ", ".join(f"{g}: {self.fired[g]}" for g in hit),
+            )
+        self.check_tampering(f"trial {trial}")
+        self.check_settings(f"trial {trial}")
+        self.check_l2()
+        r.trials = trial + 1
 
     @property
     def tolerances_used(self) -> dict[str, float]:

@@ -272,6 +272,8 @@ class WorkerPool:
             problem = Problem.from_source(problem)
         if not isinstance(candidate_source, str):
             raise TypeError("candidate_source must be the candidate's Python source (a str)")
+        for sizes in getattr(options, "extra_sizes", ()):
+            problem.with_sizes(**sizes)  # unknown names fail here, in the caller, not in a worker
         future: Future = Future()
         with self._lock:
             if self._closed:

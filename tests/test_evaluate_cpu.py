@@ -207,6 +207,21 @@ def test_outputs_are_checked_for_type_shape_dtype_and_strides(pool, body, words)
     assert words in r.failure.message
 
 
+def test_extra_sizes_add_trials_on_other_shapes(pool):
+    # right only for the problem's own 256 columns: caught on a second shape
+    body = "return torch.relu(x) if x.shape[1] == 256 else x"
+    r = pool.evaluate(RELU, candidate(body), **FAST)
+    assert r.status == "ok"
+    extra = [{"dim": 100}, {"batch_size": 1, "dim": 7}]
+    r = pool.evaluate(RELU, candidate(body), extra_sizes=extra, **FAST)
+    assert r.status == "incorrect" and r.failure.trial == 3
+    assert "with sizes {'dim': 100}" in r.failure.message
+    r = pool.evaluate(RELU, GOOD_RELU, extra_sizes=extra, **FAST)
+    assert r.status == "ok" and r.trials == 5
+    with pytest.raises(ValueError, match="not a size constant"):
+        pool.submit(RELU, GOOD_RELU, extra_sizes=[{"width": 3}])
+
+
 def test_every_output_of_a_tuple_is_compared(pool):
     r = pool.evaluate(PAIR, candidate("return x.sum(dim=1), torch.relu(x) * 1.01"), **FAST)
     assert r.status == "incorrect" and r.failure.output_index == 1
