@@ -196,7 +196,9 @@ def evaluate(
     `pool`: a cudaforge.WorkerPool; None uses the process-wide default pool (one worker per visible
     GPU, or CPU workers without one), started on first use and kept warm. Further options (see
     EvalOptions): input_sets, fresh_inputs, norm_tol, seed, bandwidth_ceiling (bytes/s), allow_tf32,
-    profile, ignore_guards, compile_timeout (s). Times in the result are in ms.
+    profile, ignore_guards, extra_sizes, compile_timeout (s). Times in the result are in ms.
+    `timeout` (s) covers everything after the candidate is built, torch.compile of the reference
+    included when compare_compile is set.
     Never raises for a bad candidate: what went wrong is in the result's status and error."""
     opts = make_options(
         trials=trials,
@@ -225,6 +227,10 @@ def evaluate(
 
 class _Stop(Exception):
     """Ends an evaluation early; the result already says why."""
+
+
+class _CompiledReferenceFailed(Exception):
+    """torch.compile of the reference failed: a note in the result, not the candidate's fault."""
 
 
 def run_evaluation(
@@ -471,7 +477,9 @@ class _Evaluation:
         """One forward; exceptions become the result (runtime_error or crashed)."""
         try:
             return model(*inputs)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
+            if who == "compiled reference" and _context_alive(self.torch, self.device):
+                raise _CompiledReferenceFailed(_one_line(e)) from e
             if who == "reference":
                 self.fail_from_exception(e, where="reference")
             self.fail_from_exception(e, where="forward")
@@ -956,7 +964,7 @@ class _Evaluation:
         torch, r = self.torch, self.result
         try:
             compiled = torch.compile(self.reference)
-            m = self.measure(compiled, "reference", self.input_set_count(), None)
+            m = self.measure(compiled, "compiled reference", self.input_set_count(), None)
             r.compiled_reference_ms = m.median
             r.timing["compiled_reference_spread"] = m.spread
         except _Stop:
