@@ -339,7 +339,8 @@ def compile(
     name_expressions=(),
     cache: bool = True,
 ) -> CompiledModule:
-    """Compile CUDA C++ with NVRTC for `arch` (default: this machine's GPU; sm_90a on an H200).
+    """Compile CUDA C++ with NVRTC for `arch` (default: $CUDAFORGE_ARCH if set, else this
+    machine's GPU: sm_90a on an H200).
 
     Raises CompileError with the NVRTC log (.log) and the failing line quoted (.line).
     Results are cached in memory and on disk under cache_dir()/kernels."""
@@ -348,6 +349,7 @@ def compile(
     if not isinstance(source, str) or not source.strip():
         raise ValueError("source must be a non-empty string of CUDA C++")
     _libs.ensure("nvrtc")
+    arch = arch if arch is not None else os.environ.get("CUDAFORGE_ARCH") or None
     arch = normalize_arch(arch) if arch is not None else current_arch()
     full_options = [f"--gpu-architecture={arch}", "--std=c++17", "-lineinfo",
                     "--pre-include=cudaforge_prelude.h"]

@@ -206,3 +206,11 @@ extern "C" __global__ void k(float* x, int64_t* y, uint32_t n) {
     assert cudaforge.compile(src, arch="sm_90").signatures["k"].codes == "ppI"
     bare = 'extern "C" __global__ void k(float* x, int64_t n) { x[0] = INFINITY + FLT_MAX + n; }'
     assert cudaforge.compile(bare, arch="sm_90").signatures["k"].codes == "pl"
+
+
+def test_default_arch_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CUDAFORGE_ARCH", "sm_80")
+    assert cudaforge.compile(ADD).arch == "sm_80"
+    monkeypatch.setenv("CUDAFORGE_ARCH", "sm_5")
+    with pytest.raises(ValueError, match="not like"):
+        cudaforge.compile(ADD)

@@ -1,0 +1,175 @@
+"""`cudaforge demo`, the main job on a fresh machine.
+
+With a GPU: each shipped example kernel (hand-written reference kernels for KernelBench dev
+problems, in cudaforge/examples/) is proven against PyTorch (5 trials, guards), timed against eager
+PyTorch, and profiled the way the Judge sees it; the results go to a markdown report. With an LLM
+(`--llm` or $CUDAFORGE_LLM) the agents also forge one problem. Without a GPU: every example is
+compiled for sm_90 and its resources reported, and the report says what needs a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
+FORGE_PROBLEM = "L1/19"  # ReLU: small, so a first forge with a real model is quick and cheap
+
+
+@dataclass
+class Example:
+    path: Path
+    level: int
+    problem_id: int
+
+    @property
+    def spec(self) -> str:
+        return f"L{self.level}/{self.problem_id}"
+
+
+def examples() -> list[Example]:
+    """The shipped examples in the cudaforge.compile style: l<level>_<id>_<name>.py."""
+    out = []
+    for path in sorted(EXAMPLES_DIR.glob("l*_*.py")):
+        m = re.match(r"l(\d)_(\d+)_.*\.py$", path.name)
+        if m and not path.stem.endswith("_inline"):
+            out.append(Example(path, int(m.group(1)), int(m.group(2))))
+    return out
+
+
+def _say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def run_demo(out_dir: str = "cudaforge-demo", llm: str | None = None) -> int:
+    from .cli import has_gpu
+    from .doctor import doctor, format_report
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _say(format_report(doctor()))
+    _say()
+    gpu = has_gpu()
+    lines = [f"# cudaforge demo ({time.strftime('%Y-%m-%d %H:%M')})", ""]
+    if gpu:
+        ok = _prove_examples(out, lines)
+    else:
+        ok = _compile_examples(lines)
+    if llm:
+        ok = _forge_one(llm, out, lines) and ok
+    else:
+        lines += [
+            "",
+            "## Let the agents write kernels",
+            "",
+            "No model was named (`--llm` or `$CUDAFORGE_LLM`). With a key in `OPENAI_API_KEY` or",
+            "`ANTHROPIC_API_KEY`, for example:",
+            "",
+            f"    cudaforge forge {FORGE_PROBLEM} --llm openai:o3 --rounds 10",
+            f"    cudaforge forge {FORGE_PROBLEM} --llm anthropic:claude-sonnet-4-5",
+            f"    cudaforge forge {FORGE_PROBLEM} --llm openai:qwen3-coder@http://localhost:8000/v1",
+        ]
+    report = out / "demo.md"
+    report.write_text("\n".join(lines) + "\n")
+    _say("\n".join(lines))
+    _say(f"\nreport: {report}")
+    return 0 if ok else 1
+
+
+def _prove_examples(out: Path, lines: list[str]) -> bool:
+    from .evaluate import evaluate
+    from .feedback import format_profile
+    from .problem import Problem
+    from .profiler import ForwardProfile
+
+    lines += [
+        "## Shipped example kernels, proven and timed on this GPU",
+        "",
+        "Hand-written reference kernels (not agent output), each checked against the PyTorch",
+        "reference on 5 trials of fresh inputs with cudaforge's guards, then timed (100 runs, L2",
+        "flushed) against eager PyTorch; the profile is the text the Judge reads.",
+        "",
+        "| problem | status | kernel ms | eager ms | speedup | own-kernel share | guards |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    all_ok = True
+    for ex in examples():
+        problem = Problem.from_dev_set(ex.level, ex.problem_id)
+        _say(f"evaluating {problem.name} with {ex.path.name} ...")
+        result = evaluate(problem, ex.path.read_text(), profile=True)
+        all_ok = all_ok and result.ok
+
+        def ms(v):
+            return "-" if v is None else f"{v:.4f}"
+
+        speed = "-" if result.speedup is None else f"{result.speedup:.2f}x"
+        share = "-" if result.own_kernel_share is None else f"{100 * result.own_kernel_share:.0f}%"
+        status = result.status if result.ok else f"{result.status}: {result.error[:80]}"
+        lines.append(
+            f"| {ex.spec} {problem.name} | {status} | {ms(result.candidate_ms)} | "
+            f"{ms(result.reference_ms)} | {speed} | {share} | {', '.join(result.guards) or '-'} |"
+        )
+        if result.profile is not None:
+            text = format_profile(ForwardProfile.from_dict(result.profile), budget=3000)
+            (out / f"{problem.name}.profile.txt").write_text(text + "\n")
+        (out / f"{problem.name}.result.json").write_text(result.to_json())
+    lines += ["", f"Profiles (the Judge's view) and full results are in `{out}/`."]
+    return all_ok
+
+
+def _compile_examples(lines: list[str]) -> bool:
+    """No GPU: compile each example for sm_90 (what NVRTC does without a device)."""
+    import importlib.util
+
+    from .kernel import CompiledModule
+
+    os.environ.setdefault("CUDAFORGE_ARCH", "sm_90")
+    lines += [
+        "## No GPU here: the shipped kernels compiled for sm_90",
+        "",
+        "Proving kernels correct and timing them needs an NVIDIA GPU; this machine has none, so",
+        "the demo compiles each example with NVRTC for sm_90 (H100/H200) and reports what ptxas",
+        "says. Run the same command on a GPU machine for the full proof, timing and profiles.",
+        "",
+        "| example | kernels | registers | spills (bytes) | compile ms |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    ok = True
+    for ex in examples():
+        try:
+            spec = importlib.util.spec_from_file_location(f"example_{ex.path.stem}", ex.path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)  # its cudaforge.compile() calls run here
+        except Exception as exc:  # noqa: BLE001 - a broken example is reported, not fatal
+            ok = False
+            lines.append(f"| {ex.path.name} | failed: {type(exc).__name__}: {exc} | | | |")
+            continue
+        compiled = [v for v in vars(module).values() if isinstance(v, CompiledModule)]
+        for mod in compiled:
+            res = mod.resources
+            names = ", ".join(mod.kernels)
+            regs = ", ".join(str(res.get(k, {}).get("registers", "?")) for k in mod.kernels)
+            spills = sum(res.get(k, {}).get("spill_store_bytes", 0) for k in mod.kernels)
+            lines.append(
+                f"| {ex.spec} {ex.path.name} | {names} | {regs} | {spills} | "
+                f"{mod.compile_seconds * 1e3:.1f} |"
+            )
+    return ok
+
+
+def _forge_one(llm: str, out: Path, lines: list[str]) -> bool:
+    from .cli import main as cli_main
+
+    lines += ["", f"## Forging {FORGE_PROBLEM} with {llm}", ""]
+    _say(f"forging {FORGE_PROBLEM} with {llm} (3 rounds) ...")
+    code = cli_main(["forge", FORGE_PROBLEM, "--llm", llm, "--rounds", "3", "--out", str(out)])
+    lines.append(f"`cudaforge forge` exited with {code}; its kernel and transcript are in `{out}/`.")
+    return code == 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo(*sys.argv[1:2]))
