@@ -390,7 +390,7 @@ class _ShapeTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if self.shallow:
             return m is not self._traced
-        return _is_torch_nn(type(m)) and not isinstance(m, (nn.Sequential, nn.ModuleList))
+        return _is_torch_leaf(m)
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _ShapedProxy(node, self)
@@ -416,7 +416,11 @@ class _ShapeTracer(fx.Tracer):
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, *rest, **kw)
         node = proxy.node
         if kind == "placeholder":
-            node.meta["value"] = self.inputs.get(str(target), _MISSING)
+            name = str(target)  # fx renames a specialized argument 'mask' to 'mask_1'
+            base = re.sub(r"_\d+$", "", name)
+            node.meta["value"] = self.inputs.get(name, self.inputs.get(base, _MISSING))
+        elif kind == "call_function" and target in _SPECIALIZATION_CHECKS:
+            node.meta["value"] = None
         elif kind != "output":
             node.meta["value"] = self._run(node)
         return proxy
@@ -484,9 +488,12 @@ def _real_calls():
     return revert() if revert is not None else contextlib.nullcontext()
 
 
+_SPECIALIZATION_CHECKS = {torch._assert, getattr(torch.fx._symbolic_trace, "_assert_is_none", None)}
+
+
 def _drop_specialization_asserts(graph: fx.Graph) -> None:
     """Remove the checks fx adds for specialized arguments (the swap guards on them itself)."""
-    checks = {torch._assert, getattr(torch.fx._symbolic_trace, "_assert_is_none", None)}
+    checks = _SPECIALIZATION_CHECKS
     for node in reversed(list(graph.nodes)):
         if node.op == "call_function" and node.target in checks:
             inputs = node.all_input_nodes
@@ -592,6 +599,8 @@ def classify(node: fx.Node, root: nn.Module) -> str:
             return "random" if module.training and module.p > 0 else "view"
         if isinstance(module, _TRANSPARENT_MODULES):
             return "view"
+        if any(True for _ in module.parameters()):
+            return "weighted"  # attention, embeddings, recurrent layers: layers with weights
         return "opaque"
     if node.op == "call_function":
         target = node.target
@@ -809,6 +818,12 @@ def _leaves_and_returns(region: set[fx.Node], order) -> bool:
 def _is_torch_nn(cls: type) -> bool:
     module = getattr(cls, "__module__", "") or ""
     return module.startswith(("torch.nn.", "torch.ao.nn."))
+
+
+def _is_torch_leaf(module: nn.Module) -> bool:
+    """A torch.nn module other than a container: one call in a traced graph, one candidate."""
+    containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    return _is_torch_nn(type(module)) and not isinstance(module, containers)
 
 
 def _is_literal(value) -> bool:
@@ -1784,7 +1799,7 @@ def find_hotspots(
         what = type(module).__name__
         is_leaf = not any(True for _ in module.children())
         try:
-            if is_leaf and _is_torch_nn(type(module)):
+            if _is_torch_leaf(module):
                 if isinstance(module, (*_TRANSPARENT_MODULES, *_DROPOUT_MODULES)):
                     continue
                 if getattr(module, "inplace", False) is True:
@@ -1828,7 +1843,10 @@ def find_hotspots(
         for site in hotspot.sites[1:]:
             site.ms = first.ms
         hotspot.share = hotspot.ms / forward_ms if forward_ms > 0 else 0.0
-    ranked = sorted(groups.values(), key=lambda h: (-h.ms, h.kind != "block"))
+    # Where candidates overlap, the fusion wins (a block over the chains in it, a chain over its
+    # modules): it covers the same work, and timings of tiny modules are too noisy to decide.
+    kind_rank = {"block": 0, "chain": 1, "module": 2}
+    ranked = sorted(groups.values(), key=lambda h: (kind_rank[h.kind], -h.ms))
     if targets is not None:
         ranked = [h for h in ranked if _matches_target(h, targets)]
     else:
@@ -1843,8 +1861,7 @@ def find_hotspots(
         hotspot.share = hotspot.ms / forward_ms if forward_ms > 0 else 0.0
         chosen.append(hotspot)
         taken += sites
-        if len(chosen) >= max_hotspots:
-            break
+    chosen = sorted(chosen, key=lambda h: -h.ms)[:max_hotspots]
     _name(chosen)
     if not chosen:
         why = "; ".join(str(s) for s in skipped[:8]) or "no module takes enough of the time"
