@@ -231,15 +231,8 @@ def run(args) -> dict:
     os.environ["CUDAFORGE_CACHE_DIR"] = str(scratch / "kernel_cache")  # empty: cold compiles
     rows = []
     with WorkerPool(1, device="cuda", timeout=900, compile_timeout=900) as pool:
-        # start the worker (interpreter, torch, CUDA context) before the clock: it stays warm
-        warm = Problem.from_source(
-            "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
-            "        return x + 1\ndef get_inputs():\n    return [torch.ones(4)]\n"
-            "def get_init_inputs():\n    return []\n"
-        )
-        pool.evaluate(warm, "import torch\nclass ModelNew(torch.nn.Module):\n"
-                      "    def forward(self, x):\n        return x + 1\n", trials=1, timed_runs=1,
-                      ignore_guards=["no_own_kernels"])  # fmt: skip
+        # the worker (interpreter, torch, CUDA context) starts before the clock: it stays warm
+        pool.wait_ready(600)
         for case in cases:
             problem = case.problem(args.full_size)
             print(f"{case.name}: cudaforge ...", file=sys.stderr, flush=True)

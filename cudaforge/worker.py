@@ -112,6 +112,7 @@ class _Worker:
         self.log_path: Path | None = None
         self.log_offset = 0
         self.info: dict[str, Any] = {}
+        self.started = threading.Event()  # set once the first process said it is ready
 
     def start(self) -> None:
         self.generation += 1
@@ -256,6 +257,15 @@ class WorkerPool:
     def devices(self) -> list[str]:
         return [w.device for w in self._workers]
 
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until every worker has started (imported torch, made its CUDA context)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for w in self._workers:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not w.started.wait(remaining):
+                return False
+        return True
+
     def pids(self) -> list[int]:
         """Process ids of the live workers (for tests and diagnostics)."""
         return [w.process.pid for w in self._workers if w.alive()]
@@ -326,6 +336,8 @@ class WorkerPool:
 
     def _serve(self, worker: _Worker) -> None:
         try:
+            worker.wait_ready(self.start_timeout)  # warm up now, not with the first job
+            worker.started.set()
             while True:
                 job = self._jobs.get()
                 if job is None:

@@ -106,6 +106,7 @@ def test_a_hang_while_loading_uses_the_compile_timeout(pool):
 
 def test_evaluations_run_in_parallel_across_workers(pool):
     slow = candidate(init_line="time.sleep(1.5)")
+    assert pool.wait_ready(60)
     started = time.monotonic()
     results = pool.map(RELU, [slow, slow], **FAST)
     elapsed = time.monotonic() - started
@@ -159,6 +160,7 @@ def test_close_leaves_no_process_behind(tmp_path):
 
 def test_pending_evaluations_are_cancelled_by_close():
     pool = WorkerPool(1, device="cpu")
+    assert pool.wait_ready(60)
     slow = pool.submit(RELU, candidate(init_line="time.sleep(1)"), **FAST)
     queued = [pool.submit(RELU, GOOD, **FAST) for _ in range(3)]
     time.sleep(0.2)
