@@ -1,0 +1,292 @@
+"""cudaforge/swap.py on the CPU, with torch-only stand-in candidates (written here by hand, not
+kernels): swap, guards and fallback, restore, autograd through the custom op (gradcheck, a
+training step), opcheck, torch.compile and export, shadow checks catching a drifting candidate."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from test_hotspots import MLP, Block, build
+from torch import nn
+
+from cudaforge.errors import VerificationError
+from cudaforge.hotspots import find_hotspots
+from cudaforge.swap import (
+    DriftWarning,
+    FallbackWarning,
+    SwapError,
+    restore,
+    stats,
+    swap_in,
+    swaps,
+)
+
+# Stand-in for a kernel: Linear+GELU computed with other torch ops than the reference's.
+LINEAR_GELU = """
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):  # torch-only stand-in candidate (test fixture)
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 256, bias=True)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        y = torch.addmm(self.fc1.bias, x.reshape(-1, x.shape[-1]), self.fc1.weight.t())
+        return (0.5 * y * (1.0 + torch.erf(y / 2 ** 0.5))).reshape(*x.shape[:-1], -1)
+"""
+
+# Correct for three calls, then off by 0.5: what shadow checking must catch.
+DRIFTING = """
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):  # torch-only stand-in candidate that drifts (test fixture)
+    def __init__(self, in_features, out_features, bias):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        out = torch.nn.functional.linear(x, self.linear.weight, self.linear.bias)
+        return out + 0.5 if self.calls > 3 else out
+"""
+
+WRONG = LINEAR_GELU.replace("torch.erf(y / 2 ** 0.5)", "torch.tanh(y)")
+MISSING_WEIGHTS = LINEAR_GELU.replace("self.fc1 = nn.Linear", "self.fc9 = nn.Linear")
+
+
+def same_as_reference(hotspot):
+    """The problem's own Model, renamed: a candidate that is exactly the original."""
+    return hotspot.problem_source.replace("class Model(", "class ModelNew(")
+
+
+@pytest.fixture()
+def mlp():
+    model, x = build(MLP, 8, 64)
+    search = find_hotspots(model, (x,), min_share=0.0)
+    chain = next(h for h in search if h.label == "Linear -> GELU")
+    linear = next(h for h in search if h.label == "Linear")
+    return model, x, chain, linear
+
+
+def test_swap_runs_the_candidate_and_matches(mlp):
+    model, x, chain, _ = mlp
+    expected = model(x)
+    swap = swap_in(chain.sites[0], LINEAR_GELU, chain.problem_source, name="fc1+gelu")
+    assert "forward" in model.__dict__  # the model's own forward, patched on the instance
+    assert swap.check.trials == 3 and swap.check.original_ms > 0 and swap.check.kernel_ms > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(model(x), expected)
+    assert stats(model)["fc1+gelu"]["kernel_calls"] == 1
+    assert list(model.state_dict()) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert swap.candidate.fc1.weight is model.fc1.weight  # the live parameters, not copies
+
+
+def test_guard_falls_back_and_warns_once(mlp):
+    model, _, chain, linear = mlp
+    swap_in(chain.sites[0], LINEAR_GELU, chain.problem_source, name="chain")
+    swap_in(linear.sites[0], same_as_reference(linear), linear.problem_source, name="fc2")
+    other = torch.randn(3, 64)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        outs = [model(other) for _ in range(3)]
+    messages = [str(w.message) for w in record]
+    assert len(messages) == 2, messages  # once per hot spot, not once per call
+    assert "chain: its module was called differently (x is torch.float32[3, 64])" in messages[0]
+    assert "fc2: input 0 is shape (3, 256) (verified: (8, 256))" in messages[1]
+    restore(model)
+    for out in outs:
+        torch.testing.assert_close(out, model(other))
+    assert "forward" not in model.__dict__
+
+
+def test_guard_checks_layout_shape_and_dtype():
+    model, x = build(MLP, 8, 64)
+    search = find_hotspots(model, (x,), min_share=0.0, targets=["Linear"])
+    linear = next(h for h in search if h.label == "Linear")
+    swap = swap_in(linear.sites[0], same_as_reference(linear), linear.problem_source)
+    fc = linear.sites[0].module
+    for bad, why in ((torch.randn(256, 8).t(), "non-contiguous"), (torch.randn(9, 256), "shape")):
+        swap.warned = False
+        with pytest.warns(FallbackWarning, match=why):
+            out = fc(bad)
+        torch.testing.assert_close(out, torch.nn.functional.linear(bad, fc.weight, fc.bias))
+    assert swap.stats.fallbacks == 2 and swap.stats.kernel_calls == 0
+    inputs, reason = swap._match((linear.inputs()[0].double(),), {})
+    assert inputs is None and "dtype torch.float64" in reason
+    model.double()  # parameters and inputs change dtype together: the original runs
+    swap.warned = False
+    with pytest.warns(FallbackWarning, match="float64"):
+        out = model(x.double())
+    assert out.dtype == torch.float64
+    _, reason = swap._tensors()
+    assert "dtype torch.float64" in reason
+
+
+def test_restore_undoes_every_swap():
+    model, x = build(Block, 2, 16, 64)
+    expected = model(x)
+    search = find_hotspots(model, (x,), min_share=0.0)
+    for hotspot in search:
+        for site in hotspot.sites:
+            swap_in(site, same_as_reference(hotspot), hotspot.problem_source)
+    assert len(swaps(model)) == sum(len(h.sites) for h in search)
+    torch.testing.assert_close(model(x), expected)
+    assert restore(model) is model
+    assert swaps(model) == [] and not any("forward" in m.__dict__ for m in model.modules())
+    torch.testing.assert_close(model(x), expected)
+
+
+def test_chain_falls_back_when_the_mode_changes():
+    model, x = build(Block, 2, 16, 64)
+    search = find_hotspots(model, (x,), min_share=0.0, targets=["softmax"])
+    attention = search[0]
+    swap_in(attention.sites[0], same_as_reference(attention), attention.problem_source)
+    model.train()  # its dropout is active now: not what was verified
+    with pytest.warns(FallbackWarning, match="training"):
+        model(x)
+    model.eval()
+    calls = swaps(model)[0].stats.kernel_calls
+    model(x)
+    assert swaps(model)[0].stats.kernel_calls == calls + 1
+
+
+def test_autograd_through_the_swapped_op_gradcheck():
+    torch.manual_seed(0)
+    model = MLP(dim=6, hidden=5).double()
+    x = torch.randn(3, 6, dtype=torch.double)
+    chain = find_hotspots(model, (x,), min_share=0.0, targets=["chain"])[0]
+    source = LINEAR_GELU.replace("64, 256", "6, 5").replace(
+        "nn.Linear(6, 5, bias=True)", "nn.Linear(6, 5, bias=True).double()"
+    )
+    swap = swap_in(chain.sites[0], source, chain.problem_source, training=True)
+    assert swap.check.gradient_checked and swap.check.gradient_max_abs_err < 1e-10
+    params = list(model.parameters())
+
+    def f(x, *weights):
+        swapped = dict(zip(["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"], weights))
+        return torch.func.functional_call(model, swapped, (x,))
+
+    inputs = (x.clone().requires_grad_(), *[p.detach().clone().requires_grad_() for p in params])
+    assert torch.autograd.gradcheck(f, inputs)
+    assert swap.stats.kernel_calls > 0  # the op ran, not the fallback
+
+
+def test_training_step_gradients_match(mlp):
+    model, x, chain, _ = mlp
+    reference = copy.deepcopy(model)
+    swap = swap_in(chain.sites[0], LINEAR_GELU, chain.problem_source, training=True)
+    assert swap.check.gradient_checked
+    for m in (model, reference):
+        loss = m(x.clone().requires_grad_()).pow(2).sum()
+        loss.backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert swap.stats.kernel_calls == 1 and swap.stats.fallbacks == 0
+
+
+def test_backward_kernel_is_checked_and_used():
+    model, x = build(MLP, 8, 64)
+    chain = find_hotspots(model, (x,), min_share=0.0, targets=["chain"])[0]
+    with_backward = (
+        LINEAR_GELU
+        + """
+    def backward(self, grad_outputs, inputs):  # stand-in backward: autograd on its own math
+        (x,) = inputs
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            w = self.fc1.weight.detach().requires_grad_()
+            b = self.fc1.bias.detach().requires_grad_()
+            y = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))
+            gx, gw, gb = torch.autograd.grad(y, (x, w, b), grad_outputs[0])
+        return [gx], {"fc1.weight": gw, "fc1.bias": gb}
+"""
+    )
+    swap = swap_in(chain.sites[0], with_backward, chain.problem_source, training=True)
+    assert swap.check.backward_kernel and swap.use_backward_kernel
+    broken = with_backward.replace("return [gx]", "return [gx * 2]")
+    restore(model)
+    swap = swap_in(chain.sites[0], broken, chain.problem_source, training=True)
+    assert not swap.use_backward_kernel and "gradient 0" in swap.check.backward_kernel_refused
+
+
+def test_opcheck(mlp):
+    _, _, chain, linear = mlp
+    swap = swap_in(chain.sites[0], LINEAR_GELU, chain.problem_source)
+    inputs = [t.clone() for t in chain.inputs()]
+    result = torch.library.opcheck(
+        torch.ops.cudaforge.hotspot.default, (swap.handle, inputs, list(swap.site.tensors))
+    )
+    assert set(result.values()) == {"SUCCESS"}, result
+    other = swap_in(linear.sites[0], same_as_reference(linear), linear.problem_source)
+    result = torch.library.opcheck(
+        torch.ops.cudaforge.hotspot.default,
+        (other.handle, [t.clone() for t in linear.inputs()], list(other.site.tensors)),
+    )
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_torch_compile_and_export():
+    model, x = build(Block, 2, 16, 64)
+    expected = model(x)
+    for hotspot in find_hotspots(model, (x,), min_share=0.0):
+        for site in hotspot.sites:
+            swap_in(site, same_as_reference(hotspot), hotspot.problem_source)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), expected)
+    exported = torch.export.export(model, (x,))
+    ops = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert ops.count("cudaforge.hotspot.default") == len(swaps(model))
+    torch.testing.assert_close(exported.module()(x), expected)
+
+
+def test_shadow_check_switches_off_a_drifting_kernel(mlp):
+    model, x, _, linear = mlp
+    expected = model(x)
+    swap = swap_in(
+        linear.sites[0], DRIFTING, linear.problem_source, verify_every=1, name="drifting", trials=1
+    )
+    swap.candidate.calls = 0  # forget the calls of the swap-time checks and timing
+    for _ in range(3):
+        torch.testing.assert_close(model(x), expected)
+    with pytest.warns(DriftWarning, match="drifted"):
+        out = model(x)
+    torch.testing.assert_close(out, expected)  # the call that caught it returns the original's
+    assert not swap.enabled and "shadow check" in swap.off_reason
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(model(x), expected)
+    assert [w.category for w in record] == [FallbackWarning]
+    assert stats(model)["drifting"]["shadow_checks"] == 4  # three passed, the fourth caught it
+
+
+def test_wrong_or_incompatible_candidates_are_refused(mlp):
+    model, _, chain, _ = mlp
+    with pytest.raises(VerificationError, match="trial 0: output 0"):
+        swap_in(chain.sites[0], WRONG, chain.problem_source)
+    with pytest.raises(SwapError, match="no submodule 'fc1'"):
+        swap_in(chain.sites[0], MISSING_WEIGHTS, chain.problem_source)
+    with pytest.raises(SwapError, match="does not load"):
+        swap_in(chain.sites[0], "this is not python", chain.problem_source)
+    assert swaps(model) == [] and "forward" not in model.__dict__
+
+
+def test_swapping_twice_is_refused_and_deepcopy_works(mlp):
+    model, x, _, linear = mlp
+    site = linear.sites[0]
+    swap_in(site, same_as_reference(linear), linear.problem_source)
+    with pytest.raises(SwapError, match="already swapped"):
+        swap_in(site, same_as_reference(linear), linear.problem_source)
+    twin = copy.deepcopy(model)
+    torch.testing.assert_close(twin(x), model(x))
+    (copied,) = swaps(twin)
+    assert copied.handle != swaps(model)[0].handle
+    assert copied.candidate.linear.weight is twin.fc2.weight
+    assert isinstance(copied.site.module, nn.Linear) and copied.site.module is twin.fc2
