@@ -2,7 +2,7 @@
 the candidate and of the reference) with cudaforge, against the same evaluation done the paper's
 way (load_inline + nvcc, then a KernelBench-style loop timed with CUDA events), in the same run on
 the same GPU, for hand-written candidates of 5 level-1 and 2 level-2 dev problems
-(benchmarks/candidates/: each kernel in both styles).
+(cudaforge/examples/: each kernel in both styles).
 
 Reported per problem: both wall times and their ratio (goal: >= 20x), the run-to-run spread of the
 candidate time cudaforge measures over --repeats evaluations (goal: < 2%), and, with --ncu, how
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+EXAMPLES = HERE.parent / "cudaforge" / "examples"  # hand-written reference kernels
 sys.path.insert(0, str(HERE.parent))
 
 from cudaforge.problem import Problem
@@ -56,7 +57,7 @@ class Case:
 
     def source(self, style: str) -> str:
         suffix = "_inline" if style == "inline" else ""
-        return (HERE / "candidates" / f"{self.name}{suffix}.py").read_text()
+        return (EXAMPLES / f"{self.name}{suffix}.py").read_text()
 
 
 # the 6.4 GB-per-tensor problems are cut to sizes where generating KernelBench-style inputs on
@@ -309,7 +310,7 @@ def markdown(report: dict) -> str:
             f"One evaluation = compile + {report['trials']} correctness trials + "
             f"{report['timed_runs']} timed runs of candidate and reference. cudaforge: warm worker, "
             "cold kernel cache. Paper's way: fresh process, cold load_inline build, KernelBench-style "
-            "loop. Candidates are hand-written reference kernels (benchmarks/candidates/)."
+            "loop. Candidates are hand-written reference kernels (cudaforge/examples/)."
         ),
         "",
         (

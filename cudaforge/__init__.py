@@ -21,17 +21,19 @@ from .errors import (
     ProfilerError,
     VerificationError,
 )
+from .evaluate import evaluate
 from .kernel import CompiledModule, compile, synchronize
+from .problem import Problem
+from .profiler import profile
 from .results import EvalResult
 
 __version__ = "0.1.0"
 
 # name -> module that defines it; imported on first use so that `import cudaforge` stays light
+# (evaluate, Problem and profile are imported eagerly: each shares its name with its module, and
+# an eager import keeps the package attribute the function rather than the submodule)
 _LAZY = {
-    "Problem": "problem",
-    "evaluate": "evaluate",
     "WorkerPool": "worker",
-    "profile": "profiler",
     "optimize": "optimize",
     "load": "optimize",
     "restore": "swap",

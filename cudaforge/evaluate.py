@@ -1837,29 +1837,3 @@ def _candidate_traceback(e: BaseException, filename: str) -> str:
 
 def options_dict(options: EvalOptions) -> dict[str, Any]:
     return asdict(options)
-
-
-class _CallableModule(types.ModuleType):
-    """`cudaforge.evaluate` is both this module and its function: importing the submodule makes
-    the package attribute the module, so the module itself forwards calls to evaluate()."""
-
-    def __call__(self, *args, **kwargs) -> EvalResult:
-        return evaluate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
-
-__all__ = [
-    "DEFAULT_ATOL",
-    "DEFAULT_NORM_TOL",
-    "DEFAULT_RTOL",
-    "GUARDS",
-    "EvalOptions",
-    "check_outputs",
-    "compare_tensors",
-    "evaluate",
-    "is_own_kernel",
-    "kernel_names_in",
-    "make_options",
-    "run_evaluation",
-]

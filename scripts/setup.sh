@@ -19,6 +19,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   else pip install -q torch==2.13.0; fi   # the CPU build
 fi
 pip install -q "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-cupti==13.0.*" "nvidia-cuda-runtime==13.0.*" \
-  numpy pytest nbclient nbformat ipykernel
+  numpy einops pytest nbclient nbformat ipykernel
 pip install -q --no-build-isolation -e .
 echo "setup: done (.venv/bin/cudaforge doctor shows what this machine offers)"
