@@ -1152,9 +1152,14 @@ class Site:
     owner_arguments: list[tuple[str, Any]] = field(default_factory=list)  # chain: owner's call
     owner_training: bool = False
 
-    @property
-    def covers(self) -> str:
-        return self.path
+    def release(self) -> None:
+        """Drop the captured tensors (inputs, outputs, observed values in the traced graph);
+        what a swap needs afterwards (specs, structure, the graph itself) stays."""
+        self.inputs = []
+        self.outputs = []
+        if self.graph is not None:
+            for node in self.graph.nodes:
+                node.meta.pop("value", None)
 
     def arguments(self, inputs: Sequence[torch.Tensor]) -> tuple[tuple, dict]:
         """The call arguments of the original for the problem's tensor inputs."""

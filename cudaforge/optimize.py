@@ -1,0 +1,901 @@
+"""The front door: `optimize(model, example_inputs)` and `load(model, example_inputs)`.
+
+optimize:
+1. works on a deep copy of the model (inplace=True: on the model itself) and finds its hot spots
+   on the example inputs (cudaforge.hotspots): one KernelBench problem each;
+2. per hot spot, a kernel: from the store when one was verified for the same problem, GPU arch,
+   dtype and shapes and it passes again in a worker now; else the Coder/Judge loop
+   (cudaforge.agents), each candidate evaluated in a worker process (cudaforge.worker). Hot spots
+   run side by side when the pool has several workers. A candidate that is correct and faster
+   than the reference is stored the moment its evaluation says so;
+3. swaps in the fastest such kernel of each hot spot, once it also passes the checks in this
+   process (captured inputs and fresh ones, gradients with training=True) and is faster here
+   (cudaforge.swap); the others keep the original code;
+4. times the forward on the example inputs before and after, and compares the outputs.
+
+Ctrl-C during step 2 stops the agents (a loop ends at its next evaluation); what was verified so
+far is already stored and is swapped in; the result says it was interrupted. A second Ctrl-C
+stops at once.
+
+load does steps 1, 2 (store only, no LLM at all: a stored kernel is re-verified in a worker on
+this GPU first), 3 and 4.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import math
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import CudaforgeError
+from .hotspots import (
+    MAX_HOTSPOTS,
+    MIN_SHARE,
+    Hotspot,
+    find_hotspots,
+    model_device,
+    split_inputs,
+    time_call,
+)
+from .results import EvalResult
+from .store import KernelStore
+from .swap import SwapError, compare, restore, swap_in, swaps
+
+Evaluate = Callable[[str, str], EvalResult]
+
+
+class _Interrupted(Exception):
+    """Raised inside an agents loop to end it (Ctrl-C in the caller)."""
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class HotspotOutcome:
+    """What happened to one hot spot.
+
+    status: 'swapped' (its kernel runs in the model), 'no_kernel' (no candidate was correct and
+    faster), 'slower_here' (faster in the worker, not in this process), 'refused' (failed the
+    checks in this process), 'interrupted' (stopped before a kernel was found), 'error'.
+    before_ms/after_ms: one call of the original / the kernel, timed in this process on the
+    captured inputs. evidence: the worker's EvalResult of the kernel (trials, tolerances,
+    guards, timing) and the in-process checks (SwapCheck)."""
+
+    name: str
+    kind: str
+    label: str
+    sites: list[str]
+    problem_hash: str
+    share: float
+    status: str = "no_kernel"
+    detail: str = ""
+    origin: str = ""  # 'agents' or 'store'
+    before_ms: float | None = None
+    after_ms: float | None = None
+    worker_result: dict[str, Any] | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    cost_usd: float = 0.0
+    llm_calls: int = 0
+    rounds: int = 0
+    candidates: int = 0
+    transcript: str = ""
+    stored_id: int | None = None
+    kernel_source: str = ""
+    problem_source: str = ""
+    last_result: str = ""  # the last candidate's evaluation, in one line
+
+    @property
+    def speedup(self) -> float | None:
+        if self.before_ms and self.after_ms:
+            return self.before_ms / self.after_ms
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "speedup": self.speedup}
+
+
+@dataclass
+class OptimizeResult:
+    """What optimize() or load() did. `model` is the optimized model (the copy, or the model
+    itself with inplace=True). before_ms/after_ms: the forward on the example inputs (median,
+    ms); max_abs_err: between the two models' outputs."""
+
+    model: nn.Module
+    hotspots: list[HotspotOutcome]
+    model_name: str = ""
+    device: str = ""
+    arch: str = ""
+    before_ms: float | None = None
+    after_ms: float | None = None
+    max_abs_err: float | None = None
+    outputs_match: bool | None = None
+    interrupted: bool = False
+    seconds: float = 0.0
+    skipped: list[str] = field(default_factory=list)
+    store: str = ""
+    training: bool = False
+    mode: str = "optimize"
+
+    @property
+    def speedup(self) -> float | None:
+        """End-to-end: before_ms / after_ms on the example inputs."""
+        if self.before_ms and self.after_ms:
+            return self.before_ms / self.after_ms
+        return None
+
+    @property
+    def swapped(self) -> list[HotspotOutcome]:
+        return [h for h in self.hotspots if h.status == "swapped"]
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(h.cost_usd for h in self.hotspots)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k not in ("model", "hotspots")}
+        data["hotspots"] = [h.to_dict() for h in self.hotspots]
+        data["speedup"] = self.speedup
+        data["cost_usd"] = self.cost_usd
+        return data
+
+    def report(self) -> str:
+        """The report as text: end-to-end speedup, then per hot spot before/after, speedup,
+        status, evidence and cost."""
+        return _text_report(self)
+
+    def _repr_html_(self) -> str:
+        return _html_report(self)
+
+    def __str__(self) -> str:
+        return self.report()
+
+
+# ---------------------------------------------------------------- progress
+
+
+class _Progress:
+    """tqdm when it is installed (a bar over the hot spots), else plain lines on stderr."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+        self._lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            if self.bar is not None:
+                self.bar.write(f"cudaforge: {text}")
+            else:
+                print(f"cudaforge: {text}", file=sys.stderr, flush=True)
+
+    def start(self, total: int, what: str) -> None:
+        if not self.enabled:
+            return
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            self.say(f"{what}: {total} hot spot(s)")
+            return
+        self.bar = tqdm(total=total, desc=f"cudaforge {what}", unit="hot spot", leave=True)
+
+    def step(self, text: str) -> None:
+        if self.bar is not None:
+            with self._lock:
+                self.bar.update(1)
+                self.bar.set_postfix_str(text[:60])
+        else:
+            self.say(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _gpu_arch(device: torch.device) -> str:
+    if device.type != "cuda":
+        return device.type
+    from .kernel import current_arch
+
+    try:
+        return current_arch(device.index if device.index is not None else 0)
+    except CudaforgeError:
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm_{major}{minor}"
+
+
+def _gpu_text(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "No GPU: candidates run on the CPU (torch code stands in for kernels)."
+    try:
+        from .doctor import gpu_facts
+
+        return gpu_facts(device.index or 0)
+    except Exception:  # noqa: BLE001 - the prompt then goes without the facts
+        return ""
+
+
+def _budget(budget) -> tuple[float | None, float | None]:
+    """(dollars, seconds) of a budget: None, a number of USD, or {'dollars': .., 'seconds': ..}."""
+    if budget is None:
+        return None, None
+    if isinstance(budget, (int, float)):
+        return float(budget), None
+    if isinstance(budget, dict):
+        unknown = set(budget) - {"dollars", "seconds"}
+        if unknown:
+            raise ValueError(f"budget keys are 'dollars' and 'seconds', not {sorted(unknown)}")
+        return budget.get("dollars"), budget.get("seconds")
+    raise TypeError("budget is None, USD as a number, or {'dollars': ..., 'seconds': ...}")
+
+
+@dataclass
+class _Found:
+    """The best verified kernel of one hot spot so far."""
+
+    source: str
+    result: EvalResult
+    origin: str
+    stored_id: int | None = None
+
+
+class _Run:
+    def __init__(self, *, mode, model, example_inputs, targets, training, inplace, verify_every,
+                 pool, evaluate, store, progress, min_share, max_hotspots, min_speedup,
+                 tolerance, eval_options):  # fmt: skip
+        self.mode = mode
+        self.started = time.monotonic()
+        self.args, self.kwargs = split_inputs(example_inputs)
+        self.user_model = model
+        self.model = model if inplace else copy.deepcopy(model)
+        self.device = model_device(self.model, self.args, self.kwargs)
+        self.arch = _gpu_arch(self.device)
+        self.training = training
+        self.verify_every = verify_every
+        self.targets = targets
+        self.min_share = min_share
+        self.max_hotspots = max_hotspots
+        self.min_speedup = min_speedup
+        self.tolerance = tolerance
+        self.progress = _Progress(progress)
+        self.store = _store(store)
+        self.pool = pool
+        self.eval_options = dict(eval_options or {})
+        self._evaluate = evaluate
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.found: dict[str, _Found] = {}
+        self.outcomes: dict[str, HotspotOutcome] = {}
+        self.reuse = True
+
+    # ------------------------------------------------------------ evaluation in workers
+
+    def evaluate(self, problem_source: str, candidate_source: str) -> EvalResult:
+        if self._evaluate is not None:
+            return self._evaluate(problem_source, candidate_source)
+        options = dict(self.eval_options)
+        if self.device.type != "cuda":
+            options.setdefault("device", "cpu")
+        if self.pool is None:
+            from .worker import default_pool
+
+            self.pool = default_pool()
+        return self.pool.evaluate(problem_source, candidate_source, **options)
+
+    @property
+    def parallel(self) -> int:
+        if self._evaluate is not None:
+            return 1
+        return max(1, getattr(self.pool, "size", 1) or 1)
+
+    def faster(self, result: EvalResult) -> bool:
+        return result.ok and result.speedup is not None and result.speedup > self.min_speedup
+
+    def note(self, hotspot: Hotspot, source: str, result: EvalResult, origin: str,
+             transcript: str = "") -> None:  # fmt: skip
+        """Record a verified, faster candidate: stored now, and the hot spot's best if fastest."""
+        stored_id = None
+        if self.store is not None and origin == "agents":
+            stored_id = self.store.put(
+                problem_source=hotspot.problem_source, arch=self.arch, dtype=hotspot.dtype,
+                shapes=hotspot.shapes, source=source, result=result, transcript=transcript,
+                label=hotspot.name,
+            )  # fmt: skip
+        with self.lock:
+            best = self.found.get(hotspot.name)
+            if best is None or (result.candidate_ms or math.inf) < (
+                best.result.candidate_ms or math.inf
+            ):
+                self.found[hotspot.name] = _Found(source, result, origin, stored_id)
+
+    # ------------------------------------------------------------ kernels for hot spots
+
+    def from_store(self, hotspot: Hotspot, outcome: HotspotOutcome) -> bool:
+        """The fastest stored kernel for this hot spot that passes again here; True if any."""
+        if self.store is None:
+            return False
+        stored = self.store.find(hotspot.problem_hash, self.arch, hotspot.dtype, hotspot.shapes)
+        for kernel in stored:
+            if self.stop.is_set():
+                return False
+            result = self.evaluate(hotspot.problem_source, kernel.source)
+            outcome.candidates += 1
+            if self.faster(result):
+                self.note(hotspot, kernel.source, result, "store")
+                self.found[hotspot.name].stored_id = kernel.id
+                outcome.transcript = kernel.transcript
+                self.progress.say(
+                    f"{hotspot.name}: stored kernel #{kernel.id} passed again "
+                    f"({result.speedup:.2f}x in the worker)"
+                )
+                return True
+            self.progress.say(
+                f"{hotspot.name}: stored kernel #{kernel.id} did not pass here ({result.status}"
+                f"{', ' + result.error.splitlines()[0] if result.error else ''}); skipped"
+            )
+        return False
+
+    def with_agents(self, hotspot: Hotspot, outcome: HotspotOutcome, agent_options) -> None:
+        from .agents import default_transcript_path, run_loop
+
+        transcript = str(default_transcript_path(f"optimize-{hotspot.problem_hash[:10]}"))
+        outcome.transcript = transcript
+        counter = {"n": 0}
+
+        def evaluate(problem_source: str, candidate_source: str) -> EvalResult:
+            if self.stop.is_set():
+                raise _Interrupted
+            result = self.evaluate(problem_source, candidate_source)
+            counter["n"] += 1
+            outcome.last_result = _one_line(result)
+            if self.faster(result):
+                self.note(hotspot, candidate_source, result, "agents", transcript)
+            status = f"{result.speedup:.2f}x" if result.ok and result.speedup else result.status
+            self.progress.say(f"{hotspot.name}: candidate {counter['n']}: {status}")
+            if self.stop.is_set():
+                raise _Interrupted
+            return result
+
+        options = dict(agent_options)
+        deadline = options.pop("deadline", None)
+        if deadline is not None:
+            options["max_seconds"] = max(1.0, deadline - time.monotonic())
+        try:
+            loop = run_loop(
+                hotspot.problem_source, evaluate, transcript=transcript, name=hotspot.name,
+                **options,
+            )  # fmt: skip
+        except _Interrupted:
+            outcome.candidates = counter["n"]
+            return
+        outcome.candidates = counter["n"]
+        outcome.rounds = loop.rounds
+        total = loop.usage.get("total")
+        if total is not None:
+            outcome.cost_usd = total.cost_usd
+            outcome.llm_calls = total.calls
+        if loop.stop_reason.startswith("llm_error"):
+            outcome.detail = loop.stop_reason
+
+    def forge(self, hotspot: Hotspot, agent_options: dict | None) -> None:
+        outcome = self.outcomes[hotspot.name]
+        try:
+            stored = self.reuse and self.from_store(hotspot, outcome)
+            if not stored and agent_options is not None and not self.stop.is_set():
+                self.with_agents(hotspot, outcome, agent_options)
+        except _Interrupted:
+            pass
+        except Exception as exc:  # noqa: BLE001 - one hot spot's failure does not end the run
+            outcome.status = "error"
+            outcome.detail = f"{type(exc).__name__}: {exc}"
+        found = self.found.get(hotspot.name)
+        text = f"{found.result.speedup:.2f}x ({found.origin})" if found else "no faster kernel"
+        self.progress.step(f"{hotspot.name}: {text}")
+
+    def forge_all(self, hotspots: list[Hotspot], agent_options: dict | None) -> None:
+        """Run forge() per hot spot on daemon threads, `parallel` at a time; Ctrl-C sets stop
+        and returns without waiting for loops still inside an LLM call."""
+        pending = list(hotspots)
+        running: list[threading.Thread] = []
+        try:
+            while pending or running:
+                running = [t for t in running if t.is_alive()]
+                while pending and len(running) < self.parallel and not self.stop.is_set():
+                    hotspot = pending.pop(0)
+                    thread = threading.Thread(
+                        target=self.forge, args=(hotspot, agent_options), daemon=True,
+                        name=f"cudaforge-forge-{hotspot.problem_hash[:8]}",
+                    )  # fmt: skip
+                    thread.start()
+                    running.append(thread)
+                if self.stop.is_set() and not running:
+                    break
+                if running:
+                    running[0].join(timeout=0.2)
+        except KeyboardInterrupt:
+            self.stop.set()
+            self.progress.say(
+                "interrupted: stopping the agents; verified kernels are kept (Ctrl-C again to "
+                "stop at once)"
+            )
+            deadline = time.monotonic() + 5.0
+            for thread in running:  # a loop between two evaluations ends quickly
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        for hotspot in pending:
+            self.outcomes[hotspot.name].status = "interrupted"
+
+    # ------------------------------------------------------------ swapping
+
+    def swap_all(self, hotspots: list[Hotspot]) -> None:
+        for hotspot in hotspots:
+            outcome = self.outcomes[hotspot.name]
+            found = self.found.get(hotspot.name)
+            if found is None:
+                if outcome.status not in ("error", "interrupted"):
+                    outcome.status = "interrupted" if self.stop.is_set() else "no_kernel"
+                    outcome.detail = outcome.detail or (
+                        "stopped before a kernel was verified"
+                        if self.stop.is_set()
+                        else "no candidate was correct and faster than the reference"
+                        + (f" (last: {outcome.last_result})" if outcome.last_result else "")
+                    )
+                continue
+            outcome.origin = found.origin
+            outcome.stored_id = found.stored_id
+            outcome.worker_result = found.result.to_dict()
+            outcome.kernel_source = found.source
+            installed = []
+            try:
+                for site in hotspot.sites:
+                    swap = swap_in(
+                        site, found.source, hotspot.problem_source, name=hotspot.name,
+                        training=self.training, verify_every=self.verify_every,
+                        tolerance=self.tolerance,
+                    )  # fmt: skip
+                    installed.append(swap)
+                    outcome.checks.append(swap.check.to_dict())
+            except (SwapError, CudaforgeError, RuntimeError) as exc:
+                for swap in installed:
+                    swap.uninstall()
+                outcome.status = "refused"
+                outcome.detail = f"{type(exc).__name__}: {exc}"
+                continue
+            first = installed[0].check
+            outcome.before_ms, outcome.after_ms = first.original_ms, first.kernel_ms
+            speedup = outcome.speedup
+            if speedup is not None and speedup <= self.min_speedup:
+                for swap in installed:
+                    swap.uninstall()
+                outcome.status = "slower_here"
+                outcome.detail = (
+                    f"{found.result.speedup:.2f}x in the worker but {speedup:.2f}x in this "
+                    "process; the original is kept"
+                )
+                continue
+            outcome.status = "swapped"
+
+    # ------------------------------------------------------------ the whole thing
+
+    def run(self, agent_options: dict | None) -> OptimizeResult:
+        self.progress.say(f"{self.mode}: profiling {type(self.model).__name__} on {self.device}")
+        search = find_hotspots(
+            self.model, (*self.args,) if not self.kwargs else self.kwargs, targets=self.targets,
+            min_share=self.min_share, max_hotspots=self.max_hotspots,
+        )  # fmt: skip
+        hotspots = list(search)
+        for hotspot in hotspots:
+            self.outcomes[hotspot.name] = HotspotOutcome(
+                name=hotspot.name, kind=hotspot.kind, label=hotspot.label,
+                sites=[s.path or "(root)" for s in hotspot.sites],
+                problem_hash=hotspot.problem_hash, share=hotspot.share,
+                problem_source=hotspot.problem_source,
+            )  # fmt: skip
+        self.progress.say(search.summary())
+        if agent_options is not None and agent_options.get("dollars") is not None:
+            agent_options = dict(agent_options)
+            agent_options["max_dollars"] = agent_options.pop("dollars") / len(hotspots)
+        with torch.no_grad():
+            expected = self.model(*self.args, **self.kwargs)
+        before_ms = self.time_model()
+        self.progress.start(len(hotspots), self.mode)
+        try:
+            self.forge_all(hotspots, agent_options)
+        finally:
+            self.progress.close()
+        self.swap_all(hotspots)
+        after_ms = before_ms
+        max_abs_err, match = 0.0, True
+        if swaps(self.model):
+            with torch.no_grad():
+                got = self.model(*self.args, **self.kwargs)
+            max_abs_err, match = self.check_outputs(got, expected)
+            if not match:
+                restore(self.model)
+                for outcome in self.outcomes.values():
+                    if outcome.status == "swapped":
+                        outcome.status = "refused"
+                        outcome.detail = (
+                            "the model's output with all kernels differs from the original's "
+                            f"(max abs error {max_abs_err:.3g}); every kernel was taken out"
+                        )
+            after_ms = self.time_model()
+        for swap in swaps(self.model):
+            swap.site.release()
+        result = OptimizeResult(
+            model=self.model,
+            hotspots=[self.outcomes[h.name] for h in hotspots],
+            model_name=type(self.user_model).__name__,
+            device=_device_text(self.device),
+            arch=self.arch,
+            before_ms=before_ms,
+            after_ms=after_ms,
+            max_abs_err=max_abs_err,
+            outputs_match=match,
+            interrupted=self.stop.is_set(),
+            seconds=time.monotonic() - self.started,
+            skipped=[str(s) for s in search.skipped],
+            store=str(self.store.path) if self.store is not None else "",
+            training=self.training,
+            mode=self.mode,
+        )
+        speedup = f"{result.speedup:.2f}x" if result.speedup else "n/a"
+        self.progress.say(
+            f"done: {len(result.swapped)} of {len(hotspots)} hot spot(s) swapped; "
+            f"end-to-end {speedup}"
+        )
+        return result
+
+    def time_model(self) -> float:
+        with torch.no_grad():
+            return time_call(lambda: self.model(*self.args, **self.kwargs), self.device)
+
+    def check_outputs(self, got, expected) -> tuple[float, bool]:
+        actual = [t for t in _leaves(got) if isinstance(t, torch.Tensor)]
+        wanted = [t for t in _leaves(expected) if isinstance(t, torch.Tensor)]
+        worst, problem = compare(actual, wanted, _loose(self.tolerance, wanted))
+        return (worst.max_abs_err if worst else math.inf), not problem
+
+
+def _one_line(result: EvalResult) -> str:
+    if result.ok:
+        return f"correct, {_x(result.speedup)}"
+    error = result.error.splitlines()[0][:160] if result.error else ""
+    return result.status + (f": {error}" if error else "")
+
+
+def _loose(tolerance, tensors) -> float | None:
+    """Errors of several kernels add up through a model: the end-to-end check allows 10x."""
+    if tolerance is not None:
+        return tolerance * 10
+    dtypes = {t.dtype for t in tensors}
+    return 1e-1 if dtypes & {torch.float16, torch.bfloat16} else 1e-3
+
+
+def _leaves(value) -> list:
+    from torch.utils._pytree import tree_leaves
+
+    return tree_leaves(value)
+
+
+def _device_text(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} ({device})"
+    return str(device)
+
+
+def _store(store) -> KernelStore | None:
+    if store is False:
+        return None
+    if store is None or store is True:
+        return KernelStore()
+    if isinstance(store, KernelStore):
+        return store
+    return KernelStore(Path(store))
+
+
+# ---------------------------------------------------------------- public API
+
+
+def optimize(
+    model: nn.Module,
+    example_inputs,
+    llm="openai:o3",
+    judge=None,
+    budget=None,
+    targets: Sequence[str] | Callable | None = None,
+    training: bool = False,
+    inplace: bool = False,
+    verify_every: int = 0,
+    rounds: int = 10,
+    pool=None,
+    progress: bool = True,
+    *,
+    evaluate: Evaluate | None = None,
+    store=None,
+    reuse: bool = True,
+    min_share: float = MIN_SHARE,
+    max_hotspots: int = MAX_HOTSPOTS,
+    min_speedup: float = 1.0,
+    tolerance: float | None = None,
+    candidates: int = 1,
+    eval_options: dict | None = None,
+) -> OptimizeResult:
+    """Make `model` faster on inputs like `example_inputs` with verified kernels for its hot spots.
+
+    llm, judge: the Coder's and the Judge's models ('openai:o3', 'anthropic:...', 'scripted:',
+    'replay:PATH', or a cudaforge.llm.Provider); judge defaults to llm. budget: USD for the whole
+    run (split evenly over the hot spots), or {'dollars': .., 'seconds': ..}. targets: module
+    paths, class names, kinds ('module', 'chain', 'block') or label text to limit the hot spots
+    to (or a predicate on a Hotspot). training: keep autograd right and check gradients at swap
+    time. inplace: patch `model` itself instead of an optimized deep copy (cudaforge.restore
+    undoes either). verify_every: shadow-check one call in N against the original. rounds: Coder
+    rounds per hot spot. pool: a cudaforge.WorkerPool (default: the process-wide one); hot spots
+    run in parallel over its workers. progress: tqdm or plain lines on stderr.
+
+    evaluate(problem_source, candidate_source) -> EvalResult replaces the worker evaluation
+    (tests, a remote harness). store: a KernelStore, a path, or False (default: the cache dir's).
+    reuse: take stored kernels that pass again before asking the agents. min_speedup: a kernel
+    must be faster than this (worker and in-process). tolerance: atol = rtol of the in-process
+    checks (default per dtype). candidates: parallel lanes per agents loop. eval_options: more
+    options for cudaforge.evaluate (trials, timed_runs, profile, ...).
+
+    Raises HotspotError when the model cannot be handled (the message says what and why)."""
+    dollars, seconds = _budget(budget)
+    run = _Run(
+        mode="optimize", model=model, example_inputs=example_inputs, targets=targets,
+        training=training, inplace=inplace, verify_every=verify_every, pool=pool,
+        evaluate=evaluate, store=store, progress=progress, min_share=min_share,
+        max_hotspots=max_hotspots, min_speedup=min_speedup, tolerance=tolerance,
+        eval_options=eval_options,
+    )  # fmt: skip
+    from .llm import Provider, get_provider
+
+    # made once, before any work: a missing API key fails here, not after the profiling
+    coder = get_provider(llm, role="coder")
+    if judge is None and isinstance(llm, Provider):
+        judge_provider = coder
+    else:
+        judge_provider = get_provider(llm if judge is None else judge, role="judge")
+    agent_options: dict[str, Any] = {
+        "coder": coder,
+        "judge": judge_provider,
+        "rounds": rounds,
+        "candidates": candidates,
+        "gpu": _gpu_text(run.device),
+    }
+    if seconds is not None:
+        agent_options["deadline"] = time.monotonic() + seconds
+    if dollars is not None:
+        agent_options["dollars"] = dollars  # split over the hot spots once they are known
+    run.reuse = reuse
+    return run.run(agent_options)
+
+
+def load(
+    model: nn.Module,
+    example_inputs,
+    *,
+    targets: Sequence[str] | Callable | None = None,
+    training: bool = False,
+    inplace: bool = False,
+    verify_every: int = 0,
+    pool=None,
+    progress: bool = True,
+    evaluate: Evaluate | None = None,
+    store=None,
+    min_share: float = MIN_SHARE,
+    max_hotspots: int = MAX_HOTSPOTS,
+    min_speedup: float = 1.0,
+    tolerance: float | None = None,
+    eval_options: dict | None = None,
+) -> OptimizeResult:
+    """Re-apply stored kernels to `model`, with no LLM at all: find the hot spots again, take the
+    fastest stored kernel of each (same problem, GPU arch, dtype and shapes) that passes again in
+    a worker on this GPU and in this process, and swap it in. Same options as optimize()."""
+    run = _Run(
+        mode="load", model=model, example_inputs=example_inputs, targets=targets,
+        training=training, inplace=inplace, verify_every=verify_every, pool=pool,
+        evaluate=evaluate, store=store, progress=progress, min_share=min_share,
+        max_hotspots=max_hotspots, min_speedup=min_speedup, tolerance=tolerance,
+        eval_options=eval_options,
+    )  # fmt: skip
+    if run.store is None:
+        raise ValueError("load() needs a store (store=False leaves nothing to load)")
+    return run.run(None)
+
+
+# ---------------------------------------------------------------- reports
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value * 1000:.1f} us" if value < 0.1 else f"{value:.3g} ms"
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value else "n/a"
+
+
+_STATUS_TEXT = {
+    "swapped": "swapped",
+    "no_kernel": "kept original: no faster correct kernel",
+    "slower_here": "kept original: slower in this process",
+    "refused": "kept original: failed the checks here",
+    "interrupted": "kept original: interrupted",
+    "error": "kept original: error",
+}
+
+
+def _evidence(outcome: HotspotOutcome) -> str:
+    parts = []
+    worker = outcome.worker_result or {}
+    if worker:
+        tol = {k.rpartition(".")[2]: v for k, v in (worker.get("tolerances") or {}).items()}
+        tolerance = ", ".join(f"{k} {v:g}" for k, v in sorted(tol.items()))
+        parts.append(
+            f"{worker.get('trials', 0)} worker trials passed"
+            + (f" ({tolerance})" if tolerance else "")
+            + (f" on {worker['device']}" if worker.get("device") else "")
+            + (
+                f", {_ms(worker.get('reference_ms'))} -> {_ms(worker.get('candidate_ms'))} "
+                f"({_x(worker.get('speedup'))}) there"
+                if worker.get("speedup")
+                else ""
+            )
+        )
+    if outcome.checks:
+        trials = sum(c["trials"] for c in outcome.checks)
+        worst = max(c["max_abs_err"] for c in outcome.checks)
+        parts.append(
+            f"{trials} in-process trials over {len(outcome.checks)} site(s), max abs error "
+            f"{worst:.2g}"
+        )
+        if all(c["gradient_checked"] for c in outcome.checks):
+            backward = any(c["backward_kernel"] for c in outcome.checks)
+            parts.append(f"gradients checked ({'backward kernel' if backward else 'recompute'})")
+    return "; ".join(parts)
+
+
+def _text_report(result: OptimizeResult) -> str:
+    lines = [
+        f"cudaforge.{result.mode}: {result.model_name} on {result.device or 'n/a'}"
+        f" [{result.arch}]{' (training)' if result.training else ''}"
+        + (" -- INTERRUPTED, verified kernels kept" if result.interrupted else "")
+    ]
+    match = (
+        f"outputs match (max abs error {result.max_abs_err:.2g})"
+        if result.outputs_match
+        else f"OUTPUTS DIFFER (max abs error {result.max_abs_err:.3g}); kernels taken out"
+    )
+    lines.append(
+        f"end-to-end on the example inputs: {_ms(result.before_ms)} -> {_ms(result.after_ms)}"
+        f" ({_x(result.speedup)}); {match}"
+    )
+    lines.append("")
+    header = f"{'hot spot':<44} {'share':>6} {'before':>10} {'after':>10} {'speedup':>8}  status"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for h in result.hotspots:
+        name = h.name if len(h.name) <= 44 else h.name[:41] + "..."
+        lines.append(
+            f"{name:<44} {h.share:>6.1%} {_ms(h.before_ms):>10} {_ms(h.after_ms):>10} "
+            f"{_x(h.speedup):>8}  {_STATUS_TEXT.get(h.status, h.status)}"
+        )
+        details = []
+        if len(h.sites) > 1:
+            details.append(f"{len(h.sites)} sites: {', '.join(h.sites)}")
+        evidence = _evidence(h)
+        if evidence:
+            details.append(f"evidence: {evidence}")
+        origin = {"agents": "written by the agents", "store": "from the store"}.get(h.origin, "")
+        cost = f"${h.cost_usd:.2f}, {h.llm_calls} LLM calls" if h.llm_calls else ""
+        tail = ", ".join(x for x in (origin, cost, f"{h.candidates} candidate(s) evaluated") if x)
+        details.append(tail)
+        if h.detail:
+            details.append(h.detail.splitlines()[0][:200])
+        lines += [f"    {d}" for d in details if d]
+    lines.append("")
+    lines.append(
+        f"cost: ${result.cost_usd:.2f} over {sum(h.llm_calls for h in result.hotspots)} LLM "
+        f"calls; {result.seconds:.1f} s"
+        + (f"; kernels stored in {result.store}" if result.store else "")
+    )
+    if result.skipped:
+        lines.append(f"not candidates ({len(result.skipped)}): " + "; ".join(result.skipped[:5]))
+    return "\n".join(lines)
+
+
+def _svg_bars(result: OptimizeResult) -> str:
+    """Before/after time per hot spot (and end to end) as horizontal bars."""
+    rows = [("end to end", result.before_ms, result.after_ms)]
+    rows += [(h.name, h.before_ms, h.after_ms) for h in result.hotspots if h.before_ms]
+    top = max([v for _, a, b in rows for v in (a, b) if v] or [1.0])
+    width, label_w, bar_h = 560, 230, 9
+    height = 16 + len(rows) * (2 * bar_h + 10)
+    parts = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            'font-family="sans-serif" font-size="11">'
+        ),
+        f'<text x="{label_w}" y="11" fill="#666">ms (grey: before, green: after)</text>',
+    ]
+    y = 18
+    for name, before, after in rows:
+        label = html.escape(name if len(name) <= 36 else name[:33] + "...")
+        parts.append(f'<text x="0" y="{y + bar_h + 3}">{label}</text>')
+        for value, color, dy in ((before, "#bbb", 0), (after, "#2a9d55", bar_h + 1)):
+            if value:
+                w = max(1.0, (width - label_w - 60) * value / top)
+                parts.append(
+                    f'<rect x="{label_w}" y="{y + dy}" width="{w:.1f}" height="{bar_h}" '
+                    f'fill="{color}"/><text x="{label_w + w + 3:.1f}" y="{y + dy + 8}" '
+                    f'fill="#444">{value:.3g}</text>'
+                )
+        y += 2 * bar_h + 10
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _html_report(result: OptimizeResult) -> str:
+    esc = html.escape
+    rows = []
+    for h in result.hotspots:
+        rows.append(
+            "<tr>"
+            f"<td>{esc(h.name)}<br><small>{esc(', '.join(h.sites))}</small></td>"
+            f"<td>{h.share:.1%}</td><td>{_ms(h.before_ms)}</td><td>{_ms(h.after_ms)}</td>"
+            f"<td><b>{_x(h.speedup)}</b></td>"
+            f"<td>{esc(_STATUS_TEXT.get(h.status, h.status))}"
+            f"{'<br><small>' + esc(h.detail.splitlines()[0][:200]) + '</small>' if h.detail else ''}"
+            f"</td><td><small>{esc(_evidence(h))}</small></td>"
+            f"<td>${h.cost_usd:.2f}</td></tr>"
+        )
+    match = (
+        f"outputs match (max abs error {result.max_abs_err:.2g})"
+        if result.outputs_match
+        else f"<b>outputs differ</b> (max abs error {result.max_abs_err:.3g}); kernels taken out"
+    )
+    return (
+        '<div class="cudaforge-report">'
+        f"<h4>cudaforge.{result.mode}: {esc(result.model_name)} on {esc(result.device)} "
+        f"[{esc(result.arch)}]{' &mdash; interrupted' if result.interrupted else ''}</h4>"
+        f"<p>End to end on the example inputs: {_ms(result.before_ms)} &rarr; "
+        f"{_ms(result.after_ms)} (<b>{_x(result.speedup)}</b>); {match}. "
+        f"Cost ${result.cost_usd:.2f}, {result.seconds:.1f} s.</p>"
+        f"{_svg_bars(result)}"
+        "<table><thead><tr><th>hot spot</th><th>share</th><th>before</th><th>after</th>"
+        "<th>speedup</th><th>status</th><th>evidence</th><th>cost</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
+class _CallableModule(types.ModuleType):
+    """Importing the submodule (`from cudaforge.optimize import load`) makes the package's
+    attribute `cudaforge.optimize` this module (Python sets it after the import), so the module
+    forwards a call to optimize()."""
+
+    def __call__(self, *args, **kwargs) -> OptimizeResult:
+        return optimize(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["HotspotOutcome", "OptimizeResult", "load", "optimize"]

@@ -1,0 +1,230 @@
+"""cudaforge.optimize and cudaforge.load end to end on the CPU: the real hot-spot search, the real
+agents loop driven by a scripted LLM (FIXTURE replies written here, not model output), the real
+evaluation in a CPU worker process, the store, the swap, the report.
+
+On the CPU a candidate is torch code standing in for a kernel. CPU timings are noisy on a shared
+machine, so the pipeline tests pass min_speedup=0 (a verified candidate is swapped whatever its
+speed); test_keeps_only_faster_kernels checks the default rule with a candidate that is slow by
+construction."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import sqlite3
+
+import pytest
+import torch
+from test_hotspots import NewGELU, build
+from torch import nn
+
+import cudaforge
+from cudaforge.hotspots import HotspotError
+from cudaforge.llm import ScriptedProvider
+from cudaforge.optimize import _budget
+from cudaforge.store import KernelStore
+from cudaforge.swap import swaps
+from cudaforge.worker import WorkerPool
+
+FAST_EVAL = {"trials": 2, "timed_runs": 10, "warmup": 2, "input_sets": 1}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 256)
+        self.act = NewGELU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+# FIXTURE candidates (hand-written torch stand-ins for kernels)
+GELU_TANH = """```python
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):  # FIXTURE: torch stand-in for a fused GELU kernel
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(x, approximate="tanh")
+```"""
+WRONG_GELU = GELU_TANH.replace('approximate="tanh"', 'approximate="none"').replace(
+    "gelu(x", "gelu(x * 1.5"
+)
+SLOW_GELU = GELU_TANH.replace(
+    "        return torch", "        import time\n        time.sleep(0.01)\n        return torch"
+)
+LINEAR_AS_IS = """```python
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):  # FIXTURE: the reference itself
+    def __init__(self, in_features, out_features, bias):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+
+    def forward(self, x):
+        return self.linear(x)
+```"""
+STOP = "FIXTURE Judge reply: nothing left to gain.\nVERDICT: STOP"
+
+
+def scripted(gelu_replies, on_judge=None):
+    """A FIXTURE LLM: Coder replies by problem (the GELU ones in order), Judge replies STOP
+    (after calling on_judge, when given)."""
+    gelu = list(gelu_replies)
+
+    def reply(messages):
+        text = messages[-1]["content"]
+        if text.startswith("You are the Judge"):
+            if on_judge is not None:
+                on_judge()
+            return STOP if on_judge is None else "FIXTURE Judge: fuse more.\nVERDICT: CONTINUE"
+        if "NewGELU" in text:
+            return gelu.pop(0) if len(gelu) > 1 else gelu[0]
+        return LINEAR_AS_IS
+
+    return ScriptedProvider([reply] * 50, model="fixture")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(1, device="cpu") as workers:
+        yield workers
+
+
+@pytest.fixture()
+def net():
+    return build(Net, 128, 64)
+
+
+def run(model, x, store, pool, llm, **options):
+    options.setdefault("min_speedup", 0.0)
+    options.setdefault("min_share", 0.0)
+    options.setdefault("rounds", 1)
+    return cudaforge.optimize(
+        model, (x,), llm=llm, pool=pool, store=store, progress=False, eval_options=FAST_EVAL,
+        **options,
+    )  # fmt: skip
+
+
+def outcome(result, text):
+    return next(h for h in result.hotspots if text in h.name)
+
+
+def test_optimize_end_to_end(net, pool, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    model, x = net
+    expected = model(x)
+    store = KernelStore(tmp_path / "k.sqlite3")
+    result = run(model, x, store, pool, scripted([GELU_TANH]), training=True, verify_every=2)
+    assert result.model is not model and swaps(model) == []  # the user's model is untouched
+    gelu = outcome(result, "NewGELU")
+    assert gelu.status == "swapped", gelu.detail
+    assert gelu.origin == "agents" and gelu.kind == "block"
+    assert gelu.worker_result["status"] == "ok" and gelu.worker_result["trials"] == 2
+    assert gelu.checks[0]["gradient_checked"] and gelu.checks[0]["trials"] == 3
+    assert gelu.before_ms > 0 and gelu.after_ms > 0 and gelu.llm_calls == 1
+    torch.testing.assert_close(result.model(x), expected, rtol=1e-4, atol=1e-4)
+    assert result.outputs_match and result.speedup is not None and not result.interrupted
+    # a training step through the swapped op gives the original's gradients
+    for m in (result.model, model):
+        m.zero_grad()
+        m(x).square().sum().backward()
+    for p, q in zip(result.model.parameters(), model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+    # stored as soon as verified, with the transcript that made it
+    (row,) = store.find(gelu.problem_hash)
+    assert row.source.strip().startswith("import torch") and row.arch == "cpu"
+    assert row.transcript == gelu.transcript and row.label == gelu.name
+    with open(row.transcript) as transcript:
+        assert any(json.loads(line)["kind"] == "eval" for line in transcript)
+    # the report, as text and HTML, and as data
+    text = result.report()
+    assert "end-to-end on the example inputs" in text and gelu.name in text
+    assert "gradients checked (recompute)" in text and "worker trials passed" in text
+    page = result._repr_html_()
+    assert page.count("<svg") == 1 and "<table>" in page and gelu.name in page
+    json.dumps(result.to_dict())
+    assert cudaforge.restore(result.model) is result.model and swaps(result.model) == []
+
+
+def test_load_reapplies_from_the_store_without_any_llm(net, pool, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    model, x = net
+    store = KernelStore(tmp_path / "k.sqlite3")
+    run(model, x, store, pool, scripted([GELU_TANH]))
+
+    def no_llm(*args, **kwargs):
+        raise AssertionError("load() must not make an LLM")
+
+    monkeypatch.setattr("cudaforge.llm.get_provider", no_llm)
+    monkeypatch.setattr("cudaforge.agents.get_provider", no_llm)
+    fresh, _ = build(Net, 1)
+    loaded = cudaforge.load(
+        fresh, (x,), store=store, pool=pool, progress=False, min_share=0.0, min_speedup=0.0,
+        eval_options=FAST_EVAL,
+    )  # fmt: skip
+    gelu = outcome(loaded, "NewGELU")
+    assert gelu.status == "swapped" and gelu.origin == "store" and gelu.llm_calls == 0
+    assert gelu.worker_result["status"] == "ok"  # re-verified in a worker first
+    torch.testing.assert_close(loaded.model(x), fresh(x), rtol=1e-4, atol=1e-4)
+    assert "from the store" in loaded.report() and loaded.mode == "load"
+    # a kernel that no longer passes is skipped, not used
+    with sqlite3.connect(store.path) as conn:
+        conn.execute(
+            "UPDATE kernels SET source = replace(source, 'x, approximate', 'x * 2, approximate')"
+        )
+    again = cudaforge.load(
+        fresh, (x,), store=store, pool=pool, progress=False, min_share=0.0, min_speedup=0.0,
+        eval_options=FAST_EVAL,
+    )  # fmt: skip
+    assert outcome(again, "NewGELU").status == "no_kernel"
+
+
+def test_keeps_only_correct_and_faster_kernels(net, pool, tmp_path):
+    model, x = net
+    store = KernelStore(tmp_path / "k.sqlite3")
+    llm = scripted([WRONG_GELU, SLOW_GELU])
+    result = run(
+        model, x, store, pool, llm, targets=["NewGELU"], rounds=2, min_speedup=1.0
+    )  # fmt: skip
+    gelu = outcome(result, "NewGELU")
+    assert gelu.status == "no_kernel" and gelu.candidates == 2
+    assert swaps(result.model) == [] and store.find(gelu.problem_hash) == []
+    assert result.speedup is not None and "no faster correct kernel" in result.report()
+
+
+def test_inplace_patches_the_model_and_restore_undoes_it(net, pool, tmp_path):
+    model, x = net
+    expected = model(x)
+    store = KernelStore(tmp_path / "k.sqlite3")
+    result = run(model, x, store, pool, scripted([GELU_TANH]), inplace=True, targets=["block"])
+    assert result.model is model and len(swaps(model)) == 1
+    torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
+    cudaforge.restore(model)
+    assert swaps(model) == [] and "forward" not in model.act.__dict__
+
+
+def test_ctrl_c_keeps_what_was_verified(net, pool, tmp_path):
+    model, x = net
+    store = KernelStore(tmp_path / "k.sqlite3")
+    llm = scripted([GELU_TANH], on_judge=_thread.interrupt_main)  # Ctrl-C during round 2
+    result = run(model, x, store, pool, llm, targets=["NewGELU"], rounds=5)
+    assert result.interrupted and "INTERRUPTED" in result.report()
+    gelu = outcome(result, "NewGELU")
+    assert gelu.status == "swapped"  # verified in round 1, before the interrupt
+    assert len(store.find(gelu.problem_hash)) == 1
+
+
+def test_errors():
+    with pytest.raises(HotspotError, match="does not run on the example inputs"):
+        cudaforge.optimize(Net(), (torch.randn(4, 3),), llm="scripted:", progress=False)
+    with pytest.raises(ValueError, match="budget keys"):
+        _budget({"euros": 3})
+    assert _budget(2) == (2.0, None) and _budget({"seconds": 60}) == (None, 60)
+    with pytest.raises(ValueError, match="needs a store"):
+        cudaforge.load(Net(), (torch.randn(4, 64),), store=False, progress=False)
