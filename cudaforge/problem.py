@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 DEV_SET_ENV = "CUDAFORGE_KERNELBENCH"
-_DEV_SET_RELATIVE = Path("..") / "shared" / "kernelbench" / "dev_problems.jsonl"
 
 
 @dataclass
@@ -271,12 +270,11 @@ class Problem:
 
 def dev_set_path(path: str | os.PathLike | None = None) -> Path:
     """Where the dev set is: `path`, else $CUDAFORGE_KERNELBENCH (the .jsonl file or its folder),
-    else ../shared/kernelbench/dev_problems.jsonl next to the repository."""
+    else the copy shipped in the package (cudaforge/data/kernelbench, MIT licensed)."""
     if path is None:
         path = os.environ.get(DEV_SET_ENV)
     if path is None:
-        repo = Path(__file__).resolve().parent.parent
-        path = (repo / _DEV_SET_RELATIVE).resolve()
+        path = Path(__file__).resolve().parent / "data" / "kernelbench" / "dev_problems.jsonl"
     path = Path(path)
     if path.is_dir():
         path = path / "dev_problems.jsonl"

@@ -115,14 +115,12 @@ def test_a_correct_kernel_is_ok_timed_and_traced(pool):
                   "tampering", "timed_output", "revalidation"):  # fmt: skip
         assert guard in r.guards_passed, (guard, r.guards_skipped.get(guard))
     assert "persisting_l2" in r.guards_passed or "persisting_l2" in r.guards_skipped
-    if r.timing.get("cupti") == "on":
-        own = [k for k in r.kernels if k.own]
-        assert [k.name for k in own] == ["relu_kernel"] and own[0].calls == 1
-        assert r.own_kernel_share > 0.9
-        # kernel time within the event window
-        assert r.timing["cupti_kernel_ms"] <= r.timing["candidate_mean_ms"] * 1.05
-    else:
-        assert "no_own_kernels" in r.guards_passed  # the static check
+    assert r.timing.get("cupti") == "on", r.timing  # CUPTI tracing works on the H200
+    own = [k for k in r.kernels if k.own]
+    assert [k.name for k in own] == ["relu_kernel"] and own[0].calls == 1
+    assert r.own_kernel_share > 0.9
+    # kernel time within the event window
+    assert r.timing["cupti_kernel_ms"] <= r.timing["candidate_mean_ms"] * 1.05
 
 
 def test_a_wrong_kernel_is_incorrect(pool):
@@ -230,6 +228,7 @@ return y
     )
     r = pool.evaluate(RELU, cached, **RUNS)
     assert r.status == "rejected", r.error
+    assert r.timing.get("cupti") == "on", r.timing
     assert "timed_output" in r.guards and "bandwidth_floor" in r.guards, r.guard_details
 
 
@@ -295,17 +294,17 @@ class ModelNew(torch.nn.Module):
 def test_a_load_inline_candidate_runs_unchanged(pool):
     r = pool.evaluate(RELU, INLINE, **RUNS)
     assert r.status == "ok", r.error + r.compile_log[-2000:]
-    if r.timing.get("cupti") == "on":
-        assert any(k.own and "relu_inline_kernel" in k.name for k in r.kernels), r.kernels
+    assert r.timing.get("cupti") == "on", r.timing
+    assert any(k.own and "relu_inline_kernel" in k.name for k in r.kernels), r.kernels
 
 
 def test_torch_compile_comparison_and_profile_hook(pool):
     r = pool.evaluate(RELU, GOOD, compare_compile=True, profile=True, timeout=300, **RUNS)
     assert r.status == "ok", r.error
-    assert r.compiled_reference_ms is not None or any("torch.compile" in n for n in r.notes)
-    if r.compiled_reference_ms:
-        assert r.speedup_vs_compile == pytest.approx(r.compiled_reference_ms / r.candidate_ms)
-    assert r.profile is not None or any(n.startswith("profile") for n in r.notes)
+    assert r.compiled_reference_ms is not None, r.notes
+    assert r.speedup_vs_compile == pytest.approx(r.compiled_reference_ms / r.candidate_ms)
+    assert r.profile is not None, r.notes
+    assert any(k["name"] == "relu_kernel" for k in r.profile["kernels"])
 
 
 def test_a_dev_problem_at_its_own_size():

@@ -116,7 +116,9 @@ def test_timing_gives_one_record_per_launch(mod):
     # the kernel times fit inside the CUDA-event time of the whole loop
     total_ms = sum(r["duration_ns"] for r in records) / 1e6
     events_ms = start.elapsed_time(end)
-    assert 0.5 * events_ms < total_ms <= 1.05 * events_ms + 0.01, (total_ms, events_ms)
+    assert 0 < total_ms <= 1.05 * events_ms + 0.01, (total_ms, events_ms)
+    # each launch moves 12 bytes per element: no faster than the H200's 4.8 TB/s (datasheet)
+    assert all(r["duration_ns"] * 1e-9 >= 12 * n / 4.8e12 for r in records)
     assert _core.timing_stats()["dropped"] == 0
 
 

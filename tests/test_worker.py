@@ -104,15 +104,21 @@ def test_a_hang_while_loading_uses_the_compile_timeout(pool):
     assert pool.evaluate(RELU, GOOD, **FAST).ok
 
 
-def test_evaluations_run_in_parallel_across_workers(pool):
-    slow = candidate(init_line="time.sleep(1.5)")
+def test_evaluations_run_in_parallel_across_workers(pool, tmp_path):
+    # each candidate records when its __init__ sleeps: the two intervals must overlap
+    def slow(tag):
+        log = str(tmp_path / tag)
+        return candidate(init_line=(
+            f"open({log!r}, 'a').write(f'{{time.time()}}\\n'); time.sleep(1.5); "
+            f"open({log!r}, 'a').write(f'{{time.time()}}\\n')"
+        ))  # fmt: skip
+
     assert pool.wait_ready(60)
-    started = time.monotonic()
-    results = pool.map(RELU, [slow, slow], **FAST)
-    elapsed = time.monotonic() - started
-    assert [r.status for r in results] == ["ok", "ok"]
+    results = pool.map(RELU, [slow("a"), slow("b")], **FAST)
+    assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
     assert {r.worker for r in results} == {0, 1}
-    assert elapsed < 2.9  # one after the other would take over 3 s
+    (a0, a1), (b0, b1) = ([float(t) for t in (tmp_path / k).read_text().split()[:2]] for k in "ab")
+    assert a0 < b1 and b0 < a1, "the two evaluations did not overlap in time"
 
 
 def test_the_callers_process_never_runs_the_candidate(pool, tmp_path):
