@@ -585,6 +585,8 @@ def classify(node: fx.Node, root: nn.Module) -> str:
     training mode, batch norm in training mode) or 'opaque'."""
     if node.op == "call_module":
         module = root.get_submodule(node.target)
+        if not _is_torch_leaf(module):
+            return "opaque"  # a module of the model's own (its code has its own candidates)
         if isinstance(module, _HEAVY_MODULES):
             return "weighted"
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -1847,7 +1849,7 @@ def find_hotspots(
             first.ms = time_call(lambda s=first: s.run_original(s.inputs), device, target_ms=20)
         for site in hotspot.sites[1:]:
             site.ms = first.ms
-        hotspot.share = hotspot.ms / forward_ms if forward_ms > 0 else 0.0
+        hotspot.share = min(1.0, hotspot.ms / forward_ms) if forward_ms > 0 else 0.0
     # Where candidates overlap, the fusion wins (a block over the chains in it, a chain over its
     # modules): it covers the same work, and timings of tiny modules are too noisy to decide.
     kind_rank = {"block": 0, "chain": 1, "module": 2}
@@ -1863,7 +1865,7 @@ def find_hotspots(
         if not sites:
             continue
         hotspot.sites = sites
-        hotspot.share = hotspot.ms / forward_ms if forward_ms > 0 else 0.0
+        hotspot.share = min(1.0, hotspot.ms / forward_ms) if forward_ms > 0 else 0.0
         chosen.append(hotspot)
         taken += sites
     chosen = sorted(chosen, key=lambda h: -h.ms)[:max_hotspots]

@@ -21,7 +21,8 @@ order; a dict of gradients of the parameters by their names in the problem).
 
 Shadow checking (verify_every=N): call 1, N+1, 2N+1, ... also run the original and compare; a
 kernel that drifts is switched off for good with a DriftWarning and the call returns the original's
-result. Not done inside torch.compile (it would recompile on the counter).
+result. Not done inside torch.compile (it would recompile on the counter) nor while a CUDA graph is
+captured (the comparison synchronizes).
 """
 
 from __future__ import annotations
@@ -444,7 +445,7 @@ class SwappedHotspot:
         if not compiling:
             self.stats.kernel_calls += 1
             every = self.verify_every
-            shadow = every and (self.stats.kernel_calls - 1) % every == 0
+            shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
             if shadow and not self._shadow_check(inputs, tensors, outputs):
                 return self.original(*args, **kwargs)
         return rebuild_output(outputs, self.site.structure)
@@ -611,6 +612,11 @@ def _signature_of(forward):
                 inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
             ]
         )
+
+
+def _capturing() -> bool:
+    """True while a CUDA graph is being captured (a comparison would synchronize)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _plain(tensors: Sequence[Tensor]) -> bool:

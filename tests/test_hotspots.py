@@ -49,7 +49,8 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(dim, dim)
         self.attn_dropout = nn.Dropout(0.1)
         self.heads, self.dim = heads, dim
-        self.register_buffer("bias", torch.tril(torch.ones(context, context)).view(1, 1, 16, 16))
+        mask = torch.tril(torch.ones(context, context)).view(1, 1, context, context)
+        self.register_buffer("bias", mask)
 
     def forward(self, x):
         B, T, C = x.size()
