@@ -1621,11 +1621,13 @@ def _check_same(output_node: fx.Node, real_output) -> None:
 
 
 def _same_values(a, b) -> bool:
+    """The same computation's results: same structure, shapes and dtypes, values equal up to
+    the rounding of vectorized math (a missing weight or a wrong argument is off by far more)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return (
             a.shape == b.shape
             and a.dtype == b.dtype
-            and torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-6, equal_nan=True)
+            and torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3, equal_nan=True)
         )
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_same_values(x, y) for x, y in zip(a, b))

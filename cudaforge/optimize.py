@@ -450,12 +450,14 @@ class _Run:
             if found is None:
                 if outcome.status not in ("error", "interrupted"):
                     outcome.status = "interrupted" if self.stop.is_set() else "no_kernel"
-                    outcome.detail = outcome.detail or (
-                        "stopped before a kernel was verified"
-                        if self.stop.is_set()
-                        else "no candidate was correct and faster than the reference"
-                        + (f" (last: {outcome.last_result})" if outcome.last_result else "")
-                    )
+                    if self.stop.is_set():
+                        why = "stopped before a kernel was verified"
+                    elif self.mode == "load":
+                        why = "no stored kernel for this problem passed again here"
+                    else:
+                        why = "no candidate was correct and faster than the reference"
+                    last = f" (last: {outcome.last_result})" if outcome.last_result else ""
+                    outcome.detail = outcome.detail or why + last
                 continue
             outcome.origin = found.origin
             outcome.stored_id = found.stored_id
@@ -494,6 +496,8 @@ class _Run:
     # ------------------------------------------------------------ the whole thing
 
     def run(self, agent_options: dict | None) -> OptimizeResult:
+        if swaps(self.model):  # kernels from an earlier run: start from the original code
+            restore(self.model)
         self.progress.say(f"{self.mode}: profiling {type(self.model).__name__} on {self.device}")
         search = find_hotspots(
             self.model, (*self.args,) if not self.kwargs else self.kwargs, targets=self.targets,
@@ -505,7 +509,7 @@ class _Run:
                 name=hotspot.name, kind=hotspot.kind, label=hotspot.label,
                 sites=[s.path or "(root)" for s in hotspot.sites],
                 problem_hash=hotspot.problem_hash, share=hotspot.share,
-                problem_source=hotspot.problem_source,
+                problem_source=hotspot.problem_source, before_ms=hotspot.sites[0].ms,
             )  # fmt: skip
         self.progress.say(search.summary())
         if agent_options is not None and agent_options.get("dollars") is not None:
@@ -514,6 +518,10 @@ class _Run:
         with torch.no_grad():
             expected = self.model(*self.args, **self.kwargs)
         before_ms = self.time_model()
+        if self.pool is None and self._evaluate is None:
+            from .worker import default_pool
+
+            self.pool = default_pool()  # started now: its size sets how many hot spots run at once
         self.progress.start(len(hotspots), self.mode)
         try:
             self.forge_all(hotspots, agent_options)

@@ -389,6 +389,7 @@ class SwappedHotspot:
         self.original_forward = None  # module/block: the forward it replaced
         self.previous = None  # module/block: an instance forward that was there before
         self.owner_forward: OwnerForward | None = None  # chain
+        self._fast_ready: bool | None = None  # prepared at the first call
         self.handle = _register(self)
 
     @property
@@ -413,6 +414,7 @@ class SwappedHotspot:
         # a candidate may hold compiled kernels that do not copy: it is rebuilt on the copy's
         # tensors at its first call (the copied model is not complete yet here)
         new.candidate = None
+        new._fast_ready = None
         new.handle = _register(new)
         return new
 
@@ -427,6 +429,11 @@ class SwappedHotspot:
     def __call__(self, *args, **kwargs):
         if _bypass_depth:
             return self.original(*args, **kwargs)
+        if self.enabled and not torch.compiler.is_compiling():
+            # eager fast path: the verified call, no autograd wanted, the candidate called directly
+            inputs = self._fast_match(args, kwargs)
+            if inputs is not None and not (torch.is_grad_enabled() and self._wants_grad(inputs)):
+                return self._fast_run(inputs, args, kwargs)
         inputs, reason = self._match(args, kwargs) if self.enabled else (None, self.off_reason)
         tensors = None
         if inputs is not None:
@@ -448,6 +455,78 @@ class SwappedHotspot:
             shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
             if shadow and not self._shadow_check(inputs, tensors, outputs):
                 return self.original(*args, **kwargs)
+        return rebuild_output(outputs, self.site.structure)
+
+    def _prepare_fast(self) -> None:
+        """What _fast_match compares, precomputed: (shape, dtype, device index, layout) per
+        input and parameter, and where each parameter lives in its module."""
+        site = self.site
+        simple = not site.kw_template and len(site.template) == len(site.input_specs)
+        self._simple = simple and all(
+            kind == "input" and index == i for i, (kind, index) in enumerate(site.template)
+        )
+        self._inputs_fast = [
+            (torch.Size(s.shape), s.dtype, _device_index(s.device), s.contiguous, s.stride)
+            for s in site.input_specs
+        ]
+        self._params_fast = [
+            (torch.Size(s.shape), s.dtype, _device_index(s.device)) for s in self.param_specs
+        ]
+        slots = []
+        for key, tensor in zip(site.root_keys, self.bound):
+            slot = None
+            if site.kind != "chain" and key is not None:
+                path, _, name = key.rpartition(".")
+                owner = site.root.get_submodule(path) if path else site.root
+                table = owner._parameters if name in owner._parameters else owner._buffers
+                slot = (table, name)
+            slots.append((slot, tensor))
+        self._slots = slots
+        self._fast_ready = all(x[2] is not None for x in self._inputs_fast + self._params_fast)
+
+    def _fast_match(self, args, kwargs):
+        """The inputs when the call is exactly the verified one (else None: the full check
+        then says why)."""
+        if not self._fast_ready:
+            if self._fast_ready is None:
+                self._prepare_fast()
+            if not self._fast_ready:
+                return None
+        if kwargs or not self._simple or len(args) != len(self._inputs_fast):
+            return None
+        for t, (shape, dtype, device, contiguous, stride) in zip(args, self._inputs_fast):
+            if type(t) is not Tensor or t.dtype is not dtype or t.shape != shape:
+                return None
+            if t.get_device() != device:
+                return None
+            if not (t.is_contiguous() if contiguous else t.stride() == stride):
+                return None
+        for (slot, bound), (shape, dtype, device) in zip(self._slots, self._params_fast):
+            if slot is not None and slot[0].get(slot[1]) is not bound:
+                return None  # replaced: the full check looks at the new one
+            if bound.dtype is not dtype or bound.shape != shape or bound.get_device() != device:
+                return None
+        for module, training in self.modes:
+            if module.training is not training:
+                return None
+        return args
+
+    def _wants_grad(self, inputs) -> bool:
+        return any(t.requires_grad for t in inputs) or any(t.requires_grad for t in self.bound)
+
+    def _fast_run(self, inputs, args, kwargs):
+        if self.candidate is None:
+            self.run_kernel(list(inputs), self.bound)  # builds it (a deep copy's first call)
+        output = self.candidate(*inputs)
+        if isinstance(output, Tensor):
+            outputs = [output if output.is_contiguous() else output.contiguous()]
+        else:
+            outputs = [o if o.is_contiguous() else o.contiguous() for o in output]
+        self.stats.kernel_calls += 1
+        every = self.verify_every
+        shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
+        if shadow and not self._shadow_check(list(inputs), self.bound, outputs):
+            return self.original(*args, **kwargs)
         return rebuild_output(outputs, self.site.structure)
 
     def _match(self, args, kwargs) -> tuple[list[Tensor] | None, str]:
@@ -514,6 +593,7 @@ class SwappedHotspot:
                 self.source, self.problem_source, self.site
             )
             self.bound = list(self.site.tensors)
+            self._fast_ready = None
         if len(tensors) == len(self.bound) and all(a is b for a, b in zip(tensors, self.bound)):
             output = candidate(*inputs)
         else:
@@ -612,6 +692,15 @@ def _signature_of(forward):
                 inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
             ]
         )
+
+
+def _device_index(device: torch.device) -> int | None:
+    """Tensor.get_device()'s answer for this device (-1 on the CPU); None: another kind."""
+    if device.type == "cpu":
+        return -1
+    if device.type == "cuda":
+        return device.index if device.index is not None else torch.cuda.current_device()
+    return None
 
 
 def _capturing() -> bool:

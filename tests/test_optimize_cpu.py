@@ -26,7 +26,12 @@ from cudaforge.store import KernelStore
 from cudaforge.swap import swaps
 from cudaforge.worker import WorkerPool
 
-FAST_EVAL = {"trials": 2, "timed_runs": 10, "warmup": 2, "input_sets": 1}
+# CPU tanh is vectorized with a saturating approximation in some lanes and not in others, so
+# even the reference's own arithmetic differs from itself by ~1.5e-4 where 1 + tanh(z) cancels:
+# the CPU tests check at 1e-3 (the GPU test keeps the defaults).
+FAST_EVAL = {"trials": 2, "timed_runs": 10, "warmup": 2, "input_sets": 1, "atol": 1e-3,
+             "rtol": 1e-3}  # fmt: skip
+TOLERANCE = 1e-3
 
 
 class Net(nn.Module):
@@ -40,7 +45,7 @@ class Net(nn.Module):
 
 
 # FIXTURE candidates (hand-written torch stand-ins for kernels)
-GELU_TANH = """```python
+GELU_FUSED = """```python
 import torch
 import torch.nn as nn
 
@@ -49,14 +54,16 @@ class ModelNew(nn.Module):  # FIXTURE: torch stand-in for a fused GELU kernel
         super().__init__()
 
     def forward(self, x):
-        return torch.nn.functional.gelu(x, approximate="tanh")
+        # the reference's own float32 arithmetic (torch's fused tanh GELU rounds differently
+        # where 1 + tanh(z) cancels, beyond atol for a few inputs)
+        inner = 0.7978845608028654 * (x + 0.044715 * x**3)
+        return 0.5 * x * (1.0 + torch.tanh(inner))
 ```"""
-WRONG_GELU = GELU_TANH.replace('approximate="tanh"', 'approximate="none"').replace(
-    "gelu(x", "gelu(x * 1.5"
+WRONG_GELU = GELU_FUSED.replace("0.5 * x * (1.0", "0.6 * x * (1.0")
+SLOW_GELU = GELU_FUSED.replace(
+    "        inner =", "        import time\n\n        time.sleep(0.01)\n        inner ="
 )
-SLOW_GELU = GELU_TANH.replace(
-    "        return torch", "        import time\n        time.sleep(0.01)\n        return torch"
-)
+assert SLOW_GELU != GELU_FUSED and WRONG_GELU != GELU_FUSED
 LINEAR_AS_IS = """```python
 import torch
 import torch.nn as nn
@@ -105,6 +112,7 @@ def run(model, x, store, pool, llm, **options):
     options.setdefault("min_speedup", 0.0)
     options.setdefault("min_share", 0.0)
     options.setdefault("rounds", 1)
+    options.setdefault("tolerance", TOLERANCE)
     return cudaforge.optimize(
         model, (x,), llm=llm, pool=pool, store=store, progress=False, eval_options=FAST_EVAL,
         **options,
@@ -120,7 +128,7 @@ def test_optimize_end_to_end(net, pool, tmp_path, monkeypatch):
     model, x = net
     expected = model(x)
     store = KernelStore(tmp_path / "k.sqlite3")
-    result = run(model, x, store, pool, scripted([GELU_TANH]), training=True, verify_every=2)
+    result = run(model, x, store, pool, scripted([GELU_FUSED]), training=True, verify_every=2)
     assert result.model is not model and swaps(model) == []  # the user's model is untouched
     gelu = outcome(result, "NewGELU")
     assert gelu.status == "swapped", gelu.detail
@@ -156,7 +164,7 @@ def test_load_reapplies_from_the_store_without_any_llm(net, pool, tmp_path, monk
     monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
     model, x = net
     store = KernelStore(tmp_path / "k.sqlite3")
-    run(model, x, store, pool, scripted([GELU_TANH]))
+    run(model, x, store, pool, scripted([GELU_FUSED]))
 
     def no_llm(*args, **kwargs):
         raise AssertionError("load() must not make an LLM")
@@ -166,7 +174,7 @@ def test_load_reapplies_from_the_store_without_any_llm(net, pool, tmp_path, monk
     fresh, _ = build(Net, 1)
     loaded = cudaforge.load(
         fresh, (x,), store=store, pool=pool, progress=False, min_share=0.0, min_speedup=0.0,
-        eval_options=FAST_EVAL,
+        eval_options=FAST_EVAL, tolerance=TOLERANCE,
     )  # fmt: skip
     gelu = outcome(loaded, "NewGELU")
     assert gelu.status == "swapped" and gelu.origin == "store" and gelu.llm_calls == 0
@@ -175,12 +183,10 @@ def test_load_reapplies_from_the_store_without_any_llm(net, pool, tmp_path, monk
     assert "from the store" in loaded.report() and loaded.mode == "load"
     # a kernel that no longer passes is skipped, not used
     with sqlite3.connect(store.path) as conn:
-        conn.execute(
-            "UPDATE kernels SET source = replace(source, 'x, approximate', 'x * 2, approximate')"
-        )
+        conn.execute("UPDATE kernels SET source = replace(source, '0.5 * x', '0.7 * x')")
     again = cudaforge.load(
         fresh, (x,), store=store, pool=pool, progress=False, min_share=0.0, min_speedup=0.0,
-        eval_options=FAST_EVAL,
+        eval_options=FAST_EVAL, tolerance=TOLERANCE,
     )  # fmt: skip
     assert outcome(again, "NewGELU").status == "no_kernel"
 
@@ -202,7 +208,7 @@ def test_inplace_patches_the_model_and_restore_undoes_it(net, pool, tmp_path):
     model, x = net
     expected = model(x)
     store = KernelStore(tmp_path / "k.sqlite3")
-    result = run(model, x, store, pool, scripted([GELU_TANH]), inplace=True, targets=["block"])
+    result = run(model, x, store, pool, scripted([GELU_FUSED]), inplace=True, targets=["block"])
     assert result.model is model and len(swaps(model)) == 1
     torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
     cudaforge.restore(model)
@@ -212,7 +218,7 @@ def test_inplace_patches_the_model_and_restore_undoes_it(net, pool, tmp_path):
 def test_ctrl_c_keeps_what_was_verified(net, pool, tmp_path):
     model, x = net
     store = KernelStore(tmp_path / "k.sqlite3")
-    llm = scripted([GELU_TANH], on_judge=_thread.interrupt_main)  # Ctrl-C during round 2
+    llm = scripted([GELU_FUSED], on_judge=_thread.interrupt_main)  # Ctrl-C during round 2
     result = run(model, x, store, pool, llm, targets=["NewGELU"], rounds=5)
     assert result.interrupted and "INTERRUPTED" in result.report()
     gelu = outcome(result, "NewGELU")
