@@ -127,6 +127,7 @@ class OptimizeResult:
     store: str = ""
     training: bool = False
     mode: str = "optimize"
+    profile: str = ""  # where the forward spent its time before (torch.profiler, per module/op)
 
     @property
     def speedup(self) -> float | None:
@@ -515,8 +516,7 @@ class _Run:
         if agent_options is not None and agent_options.get("dollars") is not None:
             agent_options = dict(agent_options)
             agent_options["max_dollars"] = agent_options.pop("dollars") / len(hotspots)
-        with torch.no_grad():
-            expected = self.model(*self.args, **self.kwargs)
+        expected = self.forward()
         before_ms = self.time_model()
         if self.pool is None and self._evaluate is None:
             from .worker import default_pool
@@ -531,9 +531,7 @@ class _Run:
         after_ms = before_ms
         max_abs_err, match = 0.0, True
         if swaps(self.model):
-            with torch.no_grad():
-                got = self.model(*self.args, **self.kwargs)
-            max_abs_err, match = self.check_outputs(got, expected)
+            max_abs_err, match = self.check_outputs(self.forward(), expected)
             if not match:
                 restore(self.model)
                 for outcome in self.outcomes.values():
@@ -562,6 +560,7 @@ class _Run:
             store=str(self.store.path) if self.store is not None else "",
             training=self.training,
             mode=self.mode,
+            profile=search.profile.table(8),
         )
         speedup = f"{result.speedup:.2f}x" if result.speedup else "n/a"
         self.progress.say(
@@ -569,6 +568,14 @@ class _Run:
             f"end-to-end {speedup}"
         )
         return result
+
+    def forward(self):
+        """One forward without autograd, with the random generators seeded (dropout in training
+        mode draws the same masks before and after: swapped code draws no random numbers)."""
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(0)
+            return self.model(*self.args, **self.kwargs)
 
     def time_model(self) -> float:
         with torch.no_grad():
@@ -828,6 +835,8 @@ def _text_report(result: OptimizeResult) -> str:
     )
     if result.skipped:
         lines.append(f"not candidates ({len(result.skipped)}): " + "; ".join(result.skipped[:5]))
+    if result.profile:
+        lines += ["", "profile before (torch.profiler):", result.profile]
     return "\n".join(lines)
 
 
