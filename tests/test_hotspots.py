@@ -391,3 +391,18 @@ def test_multihead_attention_module_with_keyword_arguments():
     with torch.no_grad():
         out = mha.sites[0].run_original(mha.inputs())
     assert len(out) == 1  # (output, None): the None is not a problem output
+
+
+def test_inputs_keep_their_layout():
+    from cudaforge.hotspots import NotExtractable, _input_source
+
+    permuted = torch.randn(2, 5, 3, 4).permute(0, 2, 3, 1)
+    made = eval(_input_source(permuted), {"torch": torch})
+    assert made.shape == permuted.shape and made.stride() == permuted.stride()
+    tokens = torch.randint(3, 50, (4, 7))
+    made = eval(_input_source(tokens), {"torch": torch})
+    assert made.dtype == torch.int64 and made.min() >= 0 and made.max() < 50
+    mask = eval(_input_source(torch.rand(3, 3) < 0.5), {"torch": torch})
+    assert mask.dtype == torch.bool
+    with pytest.raises(NotExtractable, match="strided view"):
+        _input_source(torch.randn(8, 8)[:, ::2])
