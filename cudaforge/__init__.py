@@ -34,8 +34,8 @@ __version__ = "0.1.0"
 # an eager import keeps the package attribute the function rather than the submodule)
 _LAZY = {
     "WorkerPool": "worker",
-    "optimize": "optimize",
-    "load": "optimize",
+    "optimize": "pipeline",
+    "load": "pipeline",
     "restore": "swap",
     "doctor": "doctor",
 }

@@ -249,7 +249,7 @@ def cmd_report(args) -> int:
 def cmd_optimize(args) -> int:
     import runpy
 
-    from .optimize import optimize
+    from .pipeline import optimize
 
     script = runpy.run_path(args.script)
     for needed in ("get_model", "get_inputs"):

@@ -1650,8 +1650,9 @@ class _TorchSettings:
         ]
 
     def restore(self) -> None:
-        """Back to the values from before the evaluation."""
-        self.apply(self.original)
+        """Back to the values from before the evaluation. Grad mode is left to the no_grad()
+        block the settings were read in: it was already off then, and the block restores it."""
+        self.apply({k: v for k, v in self.original.items() if k != "grad_enabled"})
 
     def apply(self, values: dict[str, Any] | None = None) -> None:
         torch, w = self.torch, values or self.wanted

@@ -262,11 +262,9 @@ def test_attention_problem_runs_in_the_evaluation_harness(block):
     source = by_label(search, "softmax").problem_source
     same = source.replace("class Model(", "class ModelNew(")  # the reference as its own candidate
     options = EvalOptions(trials=2, timed_runs=3, warmup=1, input_sets=1, device="cpu")
-    grad_enabled = torch.is_grad_enabled()
-    try:  # run_evaluation is meant for worker processes; it leaves autograd off here
-        result = run_evaluation(Problem.from_source(source), same, options)
-    finally:
-        torch.set_grad_enabled(grad_enabled)
+    assert torch.is_grad_enabled()
+    result = run_evaluation(Problem.from_source(source), same, options)
+    assert torch.is_grad_enabled()  # the evaluation leaves autograd as it found it
     assert result.status == "ok", result.error
     assert result.correct
 

@@ -21,7 +21,7 @@ from torch import nn
 import cudaforge
 from cudaforge.hotspots import HotspotError
 from cudaforge.llm import ScriptedProvider
-from cudaforge.optimize import _budget
+from cudaforge.pipeline import _budget
 from cudaforge.store import KernelStore
 from cudaforge.swap import swaps
 from cudaforge.worker import WorkerPool

@@ -29,7 +29,6 @@ import math
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -902,17 +901,5 @@ def _html_report(result: OptimizeResult) -> str:
         "<th>speedup</th><th>status</th><th>evidence</th><th>cost</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
-
-
-class _CallableModule(types.ModuleType):
-    """Importing the submodule (`from cudaforge.optimize import load`) makes the package's
-    attribute `cudaforge.optimize` this module (Python sets it after the import), so the module
-    forwards a call to optimize()."""
-
-    def __call__(self, *args, **kwargs) -> OptimizeResult:
-        return optimize(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["HotspotOutcome", "OptimizeResult", "load", "optimize"]
