@@ -816,6 +816,24 @@ static PyObject *range_dict(cf_profiler *p, const profile_run *run, size_t index
     return out;
 }
 
+/* Stop the naming trace of `run` if it runs, keeping its records; a note if it lost some. */
+static int end_trace(cf_state *st, profile_run *run, char *note, size_t note_size,
+                     const char **names_note)
+{
+    uint64_t dropped = 0;
+    if (!run->tracing)
+        return 0;
+    run->tracing = 0;
+    if (cf_trace_end(st, &run->records, &run->n_records, &dropped) < 0)
+        return -1;
+    if (dropped > 0) {
+        snprintf(note, note_size, "kernel names unavailable: the trace dropped %llu records",
+                 (unsigned long long)dropped);
+        *names_note = note;
+    }
+    return 0;
+}
+
 static double seconds_now(void)
 {
     struct timespec ts;
@@ -823,14 +841,20 @@ static double seconds_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* profile(fn, max_kernels=256) -> list of dict(range, name, metrics) */
+/* profile(fn, max_kernels=256, replay="kernel") -> list of dict(range, name, metrics)
+ *
+ * replay="kernel": CUPTI replays each launch inside one call of fn, saving and restoring the
+ * memory it may write (fn runs once; the cost grows with the memory the context holds).
+ * replay="user": fn runs once per pass (it must launch the same kernels each time; nothing is
+ * restored between passes), which avoids the memory save and restore. */
 static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     cf_profiler *p = (cf_profiler *)self;
     cf_state *st = cf_state_from_type(Py_TYPE(self));
     PyObject *fn, *result = NULL;
     Py_ssize_t max_kernels = 256;
-    static char *kwlist[] = {"fn", "max_kernels", NULL};
+    const char *replay = "kernel";
+    static char *kwlist[] = {"fn", "max_kernels", "replay", NULL};
     profile_run run = {0};
     size_t calls = 0, dropped_ranges = 0, n_ranges = 0;
     int all_submitted = 0, named = 0;
@@ -840,8 +864,14 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     CUcontext ctx = NULL;
 
     if (st == NULL || check_ready(p) < 0 ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|n:profile", kwlist, &fn, &max_kernels))
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|ns:profile", kwlist, &fn, &max_kernels,
+                                     &replay))
         return NULL;
+    int user_replay = strcmp(replay, "user") == 0;
+    if (!user_replay && strcmp(replay, "kernel") != 0) {
+        PyErr_Format(PyExc_ValueError, "replay must be 'kernel' or 'user', not '%s'", replay);
+        return NULL;
+    }
     if (!PyCallable_Check(fn)) {
         PyErr_SetString(PyExc_TypeError, "profile(fn): fn must be callable with no arguments");
         return NULL;
@@ -915,7 +945,7 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         .counterDataImageSize = run.counter_data_size,
         .pCounterDataImage = run.counter_data,
         .range = CUPTI_AutoRange,
-        .replayMode = CUPTI_KernelReplay,
+        .replayMode = user_replay ? CUPTI_UserReplay : CUPTI_KernelReplay,
         .maxRangesPerPass = (size_t)max_kernels,
         .numNestingLevels = 1,
         .minNestingLevel = 1,
@@ -944,9 +974,11 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
 
     t_setup = seconds_now();
     /* Kernel replay runs every pass inside each launch: one call of fn is expected, a second one
-     * is allowed in case CUPTI wants it, more means something is wrong. */
+     * is allowed in case CUPTI wants it, more means something is wrong. User replay takes one
+     * call per pass. */
+    size_t max_calls = user_replay ? (size_t)p->passes + 1 : 2;
     while (!all_submitted) {
-        if (calls >= 2) {
+        if (calls >= max_calls) {
             raise_profiler(st, "incomplete",
                            "the Range Profiler did not finish its passes; does fn launch any "
                            "kernel on the profiled device?");
@@ -971,6 +1003,9 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         run.started = 0;
         CF_CUPTI_NOGIL(cf_cupti.cuptiRangeProfilerStop(&stop));
         all_submitted = stop.isAllPassSubmitted;
+        /* the first pass names the kernels; later passes repeat the same launches */
+        if (user_replay && end_trace(st, &run, note_buf, sizeof note_buf, &names_note) < 0)
+            goto error;
     }
     t_passes = seconds_now();
     CUpti_RangeProfiler_DecodeData_Params decode = {
@@ -980,18 +1015,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     CF_CUPTI_NOGIL(cf_cupti.cuptiRangeProfilerDecodeData(&decode));
     dropped_ranges = decode.numOfRangeDropped;
 
-    if (run.tracing) {
-        uint64_t dropped = 0;
-        run.tracing = 0;
-        if (cf_trace_end(st, &run.records, &run.n_records, &dropped) < 0)
-            goto error;
-        if (dropped > 0) {
-            snprintf(note_buf, sizeof note_buf,
-                     "kernel names unavailable: the trace dropped %llu records",
-                     (unsigned long long)dropped);
-            names_note = note_buf;
-        }
-    }
+    if (end_trace(st, &run, note_buf, sizeof note_buf, &names_note) < 0)
+        goto error;
 
     CUpti_RangeProfiler_GetCounterDataInfo_Params info = {
         .structSize = CUpti_RangeProfiler_GetCounterDataInfo_Params_STRUCT_SIZE,
@@ -1049,8 +1074,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         PyList_SET_ITEM(result, (Py_ssize_t)r, d);
     }
     Py_XSETREF(p->last_run,
-               Py_BuildValue("{s:n,s:n,s:n,s:n,s:z,s:{s:d,s:d,s:d,s:d}}", "calls",
-                             (Py_ssize_t)calls, "passes", (Py_ssize_t)p->passes, "ranges",
+               Py_BuildValue("{s:s,s:n,s:n,s:n,s:n,s:z,s:{s:d,s:d,s:d,s:d}}", "replay", replay,
+                             "calls", (Py_ssize_t)calls, "passes", (Py_ssize_t)p->passes, "ranges",
                              (Py_ssize_t)n_ranges, "ranges_dropped", (Py_ssize_t)dropped_ranges,
                              "names_note", names_note, "seconds", "setup", t_setup - t_start,
                              "passes", t_passes - t_setup, "decode", t_decode - t_passes,

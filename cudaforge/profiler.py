@@ -738,10 +738,15 @@ def profile_forward(
     timing_iterations: int = 10,
     max_kernels: int = 256,
     ceilings: bool | dict[str, Any] = True,
+    replay: str = "user",
 ) -> ForwardProfile:
     """Profile one forward `fn()` on `device`: timing (CUPTI activity + CUDA events), hardware
-    `metrics` per kernel (Range Profiler, kernel replay: fn runs once more under the profiler),
-    static facts, occupancy and a roofline line.
+    `metrics` per kernel (Range Profiler), static facts, occupancy and a roofline line.
+
+    - `replay`: "user" runs fn once per profiler pass (fast: nothing to save; fn must launch
+      the same kernels each call, as a forward on fixed inputs does), falling back to "kernel"
+      if CUPTI refuses; "kernel" runs fn once and CUPTI replays each launch, saving and
+      restoring the memory it may write.
 
     - `min_bytes`: the fewest DRAM bytes the problem needs (inputs read + outputs written), for
       the forward's speed-of-light time; `flops`: FLOPs of the forward, or {kernel name: FLOPs}.
@@ -806,7 +811,14 @@ def _profile_forward(
         plan = check_metrics(requested + [m for m in extra_metrics if m not in requested], chip)
         prof = _profiler(device, plan.collect)
         started = time.perf_counter()
-        ranges = prof.profile(fn, max_kernels=max_kernels)
+        try:
+            ranges = prof.profile(fn, max_kernels=max_kernels, replay=replay)
+        except ProfilerError as exc:
+            if replay != "user":
+                raise
+            notes.append(f"user replay refused ({exc}); kernel replay used")
+            started = time.perf_counter()
+            ranges = prof.profile(fn, max_kernels=max_kernels, replay="kernel")
         profile_s = time.perf_counter() - started
         passes = prof.passes
         run = prof.last_run or {}

@@ -317,3 +317,27 @@ def test_profile_while_timing_is_refused_or_named(mod, copy_case):
     # the ranges are still measured; only their names are missing, and last_run says why
     assert len(ranges) == 1 and ranges[0]["name"] is None
     assert "timing_start() is running" in profiler.last_run["names_note"]
+
+
+def test_user_replay_calls_fn_once_per_pass_and_agrees_with_kernel_replay(mod, matmul_case):
+    mm, *_ = matmul_case
+    calls = []
+
+    def forward():
+        calls.append(1)
+        mm()
+
+    names = ["gpu__time_duration.sum", "sm__inst_executed.sum", SM_THROUGHPUT, DRAM]
+    profiler = _core.Profiler(names, device=0)
+    by_kernel = profiler.profile(forward, replay="kernel")
+    kernel_calls = len(calls)
+    by_user = profiler.profile(forward, replay="user")
+    assert kernel_calls == 1 and len(calls) - kernel_calls == profiler.passes > 1
+    assert profiler.last_run["replay"] == "user" and profiler.last_run["calls"] == profiler.passes
+    assert [r["name"] for r in by_user] == [r["name"] for r in by_kernel] == ["matmul_naive"]
+    # instruction counts are exact; throughput percentages agree within a few points
+    k, u = by_kernel[0]["metrics"], by_user[0]["metrics"]
+    assert u["sm__inst_executed.sum"] == k["sm__inst_executed.sum"]
+    assert abs(u[SM_THROUGHPUT] - k[SM_THROUGHPUT]) < 5
+    with pytest.raises(ValueError, match="replay must be"):
+        profiler.profile(forward, replay="app")
