@@ -774,6 +774,7 @@ def profile_forward(
             timing_iterations=timing_iterations,
             max_kernels=max_kernels,
             ceilings=ceilings,
+            replay=replay,
         )
 
 
@@ -792,6 +793,7 @@ def _profile_forward(
     timing_iterations: int,
     max_kernels: int,
     ceilings: bool | dict[str, Any],
+    replay: str,
 ) -> ForwardProfile:
     _prepare(device)
     own = set(own) | set(kernels or {}) | set(resources or {})
