@@ -320,10 +320,13 @@ class _FakeProfiler:
         if _FakeProfiler.refuse:
             raise _FakeProfiler.refuse
         self.collect, self.chip, self.passes = list(collect), "GH100", 6
+        self.replays = []
         self.last_run = {"names_note": None if self.named else "kernel names unavailable: test"}
 
-    def profile(self, fn, max_kernels=256):
-        fn()
+    def profile(self, fn, max_kernels=256, replay="kernel"):
+        for _ in range(self.passes if replay == "user" else 1):
+            fn()
+        self.replays.append(replay)
         names = ["add", "matmul", "add"]
         out = []
         for i, name in enumerate(names):
