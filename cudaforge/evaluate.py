@@ -977,7 +977,7 @@ class _Evaluation:
     def run_profile(self) -> None:
         r = self.result
         target = self.opts.profile
-        spec = target if isinstance(target, str) else "cudaforge.profile:profile_forward"
+        spec = target if isinstance(target, str) else "cudaforge.profiler:profile_forward"
         try:
             module_name, _, func_name = spec.partition(":")
             hook = getattr(__import__(module_name, fromlist=[func_name]), func_name)
@@ -1520,11 +1520,14 @@ class _Tracer:
         self.harness_stream_id = None
         self.reason = None
         try:
-            from . import _core
+            from . import _core, _libs
 
             self.core = _core
+            _libs.ensure("cupti")  # loaded on first use, like every CUDA library
         except ImportError as e:
             self.core, self.reason = None, f"the C core is not importable ({e})"
+        except _core.LibraryNotFound as e:
+            self.reason = f"libcupti could not be loaded ({_one_line(e)})"
         if self.core is not None and not hasattr(self.core, "timing_start"):
             self.reason = "this build of the C core has no CUPTI timing"
         if self.reason is None:
