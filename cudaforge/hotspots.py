@@ -626,11 +626,7 @@ def classify(node: fx.Node, root: nn.Module) -> str:
         name = getattr(target, "__name__", "")
         if name in ("rand", "randn", "rand_like", "randn_like", "randint", "bernoulli"):
             return "random"
-        if name in _VIEW_NAMES:
-            return "view"
-        if name in _ELEMENTWISE_NAMES or name.rstrip("_") in _ELEMENTWISE_NAMES:
-            return "ew"
-        return "opaque"
+        return _kind_by_name(name)
     if node.op == "call_method":
         name = str(node.target)
         if name in ("matmul", "bmm", "mm", "__matmul__"):
@@ -639,11 +635,16 @@ def classify(node: fx.Node, root: nn.Module) -> str:
             return "softmax"
         if name in ("bernoulli_", "uniform_", "normal_", "random_"):
             return "random"
-        if name in _VIEW_NAMES:
-            return "view"
-        if name in _ELEMENTWISE_NAMES or name.rstrip("_") in _ELEMENTWISE_NAMES:
-            return "ew"
-        return "opaque"
+        return _kind_by_name(name)
+    return "opaque"
+
+
+def _kind_by_name(name: str) -> str:
+    """A view, an elementwise op (in place or not), or opaque, by the function's name."""
+    if name in _VIEW_NAMES:
+        return "view"
+    if name in _ELEMENTWISE_NAMES or name.rstrip("_") in _ELEMENTWISE_NAMES:
+        return "ew"
     return "opaque"
 
 
