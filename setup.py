@@ -42,11 +42,11 @@ def curl_flags():
     for tool in (["curl-config"], ["pkg-config", "libcurl"]):
         if not shutil.which(tool[0]):
             continue
-        cflags = subprocess.run(tool + ["--cflags"], capture_output=True, text=True)
-        libs = subprocess.run(tool + ["--libs"], capture_output=True, text=True)
+        cflags = subprocess.run(tool + ["--cflags"], capture_output=True, text=True, check=False)
+        libs = subprocess.run(tool + ["--libs"], capture_output=True, text=True, check=False)
         probe = subprocess.run(
             [os.environ.get("CC", "cc"), "-E", "-x", "c", "-", *cflags.stdout.split()],
-            input="#include <curl/curl.h>\n", capture_output=True, text=True,
+            input="#include <curl/curl.h>\n", capture_output=True, text=True, check=False,
         )
         if cflags.returncode == 0 and libs.returncode == 0 and probe.returncode == 0:
             return cflags.stdout.split(), libs.stdout.split()
