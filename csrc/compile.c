@@ -127,7 +127,8 @@ static PyObject *nvrtc_compile(PyObject *module, PyObject *args)
             goto error;
         CF_NVRTC(cf_nvrtc.nvrtcAddNameExpression(prog, expr));
     }
-    Py_BEGIN_ALLOW_THREADS status = cf_nvrtc.nvrtcCompileProgram(prog, (int)n_opts, opts);
+    Py_BEGIN_ALLOW_THREADS
+    status = cf_nvrtc.nvrtcCompileProgram(prog, (int)n_opts, opts);
     Py_END_ALLOW_THREADS
 
     CF_NVRTC(cf_nvrtc.nvrtcGetProgramLogSize(prog, &log_size));
@@ -192,9 +193,9 @@ static PyObject *nvrtc_compile(PyObject *module, PyObject *args)
         }
         Py_DECREF(v);
     }
-    result = Py_BuildValue("{s:y#,s:y#,s:s,s:O}", "cubin", cubin, (Py_ssize_t)cubin_size, "ptx",
-                           ptx, (Py_ssize_t)(ptx ? ptx_size - 1 : 0), "log", log, "lowered",
-                           lowered);
+    result =
+        Py_BuildValue("{s:y#,s:y#,s:s,s:O}", "cubin", cubin, (Py_ssize_t)cubin_size, "ptx", ptx,
+                      (Py_ssize_t)(ptx ? ptx_size - 1 : 0), "log", log, "lowered", lowered);
     if (result != NULL && cubin == NULL && PyDict_SetItemString(result, "cubin", Py_None) < 0)
         Py_CLEAR(result);
     if (result != NULL && ptx == NULL && PyDict_SetItemString(result, "ptx", Py_None) < 0)

@@ -34,8 +34,8 @@ typedef struct {
     PyTypeObject *ModuleType;
     PyTypeObject *KernelType;
     /* handed over by the Python package (launch.c: set_torch_hooks) */
-    PyObject *tensor_type;    /* torch.Tensor, or NULL before torch is known */
-    PyObject *stream_getter;  /* callable(device_index) -> raw cudaStream_t as int */
+    PyObject *tensor_type;   /* torch.Tensor, or NULL before torch is known */
+    PyObject *stream_getter; /* callable(device_index) -> raw cudaStream_t as int */
     /* interned method names for the launch hot path */
     PyObject *str_data_ptr;
     PyObject *str_get_device;
@@ -164,10 +164,8 @@ int cf_ensure_context(cf_state *st, int device, CUdevice *device_out);
 /* ---------------------------------------------------------------- errors (errors.c) */
 
 int cf_raise_cu(cf_state *st, CUresult status, const char *call, const char *file, int line);
-int cf_raise_nvrtc(cf_state *st, nvrtcResult status, const char *call, const char *file,
-                   int line);
-int cf_raise_cupti(cf_state *st, CUptiResult status, const char *call, const char *file,
-                   int line);
+int cf_raise_nvrtc(cf_state *st, nvrtcResult status, const char *call, const char *file, int line);
+int cf_raise_cupti(cf_state *st, CUptiResult status, const char *call, const char *file, int line);
 /* Set `type` with message `msg` and keyword attributes from `attrs` (a dict, may be NULL). */
 int cf_raise_with(PyObject *type, const char *msg, PyObject *attrs);
 /* True for errors after which the context is unusable (illegal address, trap, ...). */
@@ -187,8 +185,10 @@ int cf_is_sticky(CUresult status);
 #define CF_CU_NOGIL(call)                                                                          \
     do {                                                                                           \
         CUresult cf_status_;                                                                       \
-        Py_BEGIN_ALLOW_THREADS cf_status_ = (call);                                                \
-        Py_END_ALLOW_THREADS if (cf_status_ != CUDA_SUCCESS) {                                     \
+        Py_BEGIN_ALLOW_THREADS                                                                     \
+        cf_status_ = (call);                                                                       \
+        Py_END_ALLOW_THREADS                                                                       \
+        if (cf_status_ != CUDA_SUCCESS) {                                                          \
             cf_raise_cu(st, cf_status_, #call, __FILE__, __LINE__);                                \
             goto error;                                                                            \
         }                                                                                          \
@@ -228,8 +228,10 @@ int cf_raise_curl(cf_state *st, int code, const char *call, const char *file, in
 #define CF_CUPTI_NOGIL(call)                                                                       \
     do {                                                                                           \
         CUptiResult cf_status_;                                                                    \
-        Py_BEGIN_ALLOW_THREADS cf_status_ = (call);                                                \
-        Py_END_ALLOW_THREADS if (cf_status_ != CUPTI_SUCCESS) {                                    \
+        Py_BEGIN_ALLOW_THREADS                                                                     \
+        cf_status_ = (call);                                                                       \
+        Py_END_ALLOW_THREADS                                                                       \
+        if (cf_status_ != CUPTI_SUCCESS) {                                                         \
             cf_raise_cupti(st, cf_status_, #call, __FILE__, __LINE__);                             \
             goto error;                                                                            \
         }                                                                                          \

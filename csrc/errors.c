@@ -24,8 +24,8 @@ static PyObject *new_exception(PyObject *m, const char *name, const char *doc, P
 int cf_errors_exec(PyObject *m)
 {
     cf_state *st = cf_get_state(m);
-    st->CudaforgeError = new_exception(m, "CudaforgeError", "Base of every cudaforge error.",
-                                       PyExc_Exception, NULL);
+    st->CudaforgeError =
+        new_exception(m, "CudaforgeError", "Base of every cudaforge error.", PyExc_Exception, NULL);
     if (st->CudaforgeError == NULL)
         return -1;
     st->LibraryNotFound = new_exception(
@@ -33,9 +33,9 @@ int cf_errors_exec(PyObject *m)
         "A CUDA library (libcuda, libnvrtc, libcupti) could not be loaded; the message says "
         "where it looked and which environment variable names it.",
         st->CudaforgeError, PyExc_OSError);
-    st->CudaError = new_exception(m, "CudaError",
-                                  "A CUDA driver call failed. Attributes: code, name, call.",
-                                  st->CudaforgeError, PyExc_RuntimeError);
+    st->CudaError =
+        new_exception(m, "CudaError", "A CUDA driver call failed. Attributes: code, name, call.",
+                      st->CudaforgeError, PyExc_RuntimeError);
     if (st->LibraryNotFound == NULL || st->CudaError == NULL)
         return -1;
     st->KernelFault = new_exception(
@@ -46,9 +46,9 @@ int cf_errors_exec(PyObject *m)
     st->CompileError = new_exception(
         m, "CompileError", "NVRTC rejected a source. Attributes: log, options, line, kernel.",
         st->CudaforgeError, PyExc_ValueError);
-    st->ProfilerError = new_exception(m, "ProfilerError",
-                                      "CUPTI could not profile. Attribute: reason.",
-                                      st->CudaforgeError, NULL);
+    st->ProfilerError =
+        new_exception(m, "ProfilerError", "CUPTI could not profile. Attribute: reason.",
+                      st->CudaforgeError, NULL);
     st->HTTPError = new_exception(m, "HTTPError",
                                   "An HTTP request failed. Attributes: status, body, retryable.",
                                   st->CudaforgeError, PyExc_OSError);
@@ -144,8 +144,8 @@ int cf_raise_cu(cf_state *st, CUresult status, const char *call, const char *fil
 
 int cf_raise_nvrtc(cf_state *st, nvrtcResult status, const char *call, const char *file, int line)
 {
-    const char *name = cf_nvrtc.nvrtcGetErrorString ? cf_nvrtc.nvrtcGetErrorString(status)
-                                                    : "NVRTC_ERROR";
+    const char *name =
+        cf_nvrtc.nvrtcGetErrorString ? cf_nvrtc.nvrtcGetErrorString(status) : "NVRTC_ERROR";
     return raise_status(st->CudaforgeError, (long)status, name, "NVRTC", call, file, line);
 }
 
@@ -168,8 +168,8 @@ int cf_raise_cupti(cf_state *st, CUptiResult status, const char *call, const cha
     default:
         snprintf(reason, sizeof reason, "cupti_error");
     }
-    PyObject *attrs = Py_BuildValue("{s:l,s:s,s:s,s:s}", "code", (long)status, "name", text,
-                                    "call", fn, "reason", reason);
+    PyObject *attrs = Py_BuildValue("{s:l,s:s,s:s,s:s}", "code", (long)status, "name", text, "call",
+                                    fn, "reason", reason);
     if (attrs == NULL)
         return -1;
     cf_raise_with(st->ProfilerError, msg, attrs);

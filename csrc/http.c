@@ -129,12 +129,11 @@ static int is_retryable(CURLcode code)
     }
 }
 
-static int raise_http_error(cf_state *st, const char *msg, const char *url, int code,
-                            int retryable)
+static int raise_http_error(cf_state *st, const char *msg, const char *url, int code, int retryable)
 {
-    PyObject *attrs = Py_BuildValue("{s:O,s:s,s:O,s:s,s:i}", "status", Py_None, "body", "",
-                                    "retryable", retryable ? Py_True : Py_False, "url", url,
-                                    "curl_code", code);
+    PyObject *attrs =
+        Py_BuildValue("{s:O,s:s,s:O,s:s,s:i}", "status", Py_None, "body", "", "retryable",
+                      retryable ? Py_True : Py_False, "url", url, "curl_code", code);
     if (attrs == NULL)
         return -1;
     cf_raise_with(st->HTTPError, msg, attrs);
@@ -152,8 +151,8 @@ int cf_raise_curl(cf_state *st, int code, const char *call, const char *file, in
 
 /* The error of a failed curl_easy_perform: what failed, curl's detail, and the URL (never the
  * headers: they hold the API key). */
-static int raise_transfer_error(cf_state *st, const transfer *t, CURLcode code,
-                                const char *errbuf, const char *url)
+static int raise_transfer_error(cf_state *st, const transfer *t, CURLcode code, const char *errbuf,
+                                const char *url)
 {
     if (t->interrupted)
         return -1; /* the signal handler's exception is already set */
@@ -219,8 +218,7 @@ static int build_headers(PyObject *headers, struct curl_slist **out)
         while (PyDict_Next(headers, &pos, &name, &value))
             if (append_pair(&list, name, value) < 0)
                 goto error;
-    }
-    else if (PyList_Check(headers) || PyTuple_Check(headers)) {
+    } else if (PyList_Check(headers) || PyTuple_Check(headers)) {
         fast = PySequence_Fast(headers, "http_post: headers must be a dict or a list");
         if (fast == NULL)
             goto error;
@@ -229,12 +227,10 @@ static int build_headers(PyObject *headers, struct curl_slist **out)
             if (PyUnicode_Check(item)) {
                 if (append_header(&list, item) < 0)
                     goto error;
-            }
-            else if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2) {
+            } else if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2) {
                 if (append_pair(&list, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1)) < 0)
                     goto error;
-            }
-            else {
+            } else {
                 PyErr_Format(PyExc_TypeError,
                              "http_post: header %zd must be a 'Name: value' str or a (name, "
                              "value) tuple, not %s",
@@ -242,8 +238,7 @@ static int build_headers(PyObject *headers, struct curl_slist **out)
                 goto error;
             }
         }
-    }
-    else if (headers != Py_None) {
+    } else if (headers != Py_None) {
         PyErr_Format(PyExc_TypeError, "http_post: headers must be a dict or a list, not %s",
                      Py_TYPE(headers)->tp_name);
         goto error;
@@ -297,8 +292,7 @@ static PyObject *parse_headers(const buffer *raw)
                 PyObject *joined = PyUnicode_FromFormat("%U, %U", old, value);
                 rc = joined == NULL ? -1 : PyDict_SetItem(dict, lower, joined);
                 Py_XDECREF(joined);
-            }
-            else
+            } else
                 rc = PyErr_Occurred() ? -1 : PyDict_SetItem(dict, lower, value);
             Py_DECREF(lower);
             Py_DECREF(value);
@@ -337,13 +331,11 @@ static PyObject *http_post(PyObject *module, PyObject *args, PyObject *kwargs)
     if (PyBytes_Check(body)) {
         data = PyBytes_AS_STRING(body);
         data_len = PyBytes_GET_SIZE(body);
-    }
-    else if (PyUnicode_Check(body)) {
+    } else if (PyUnicode_Check(body)) {
         data = PyUnicode_AsUTF8AndSize(body, &data_len); /* cached in `body`, which we hold */
         if (data == NULL)
             return NULL;
-    }
-    else {
+    } else {
         PyErr_Format(PyExc_TypeError, "http_post: body must be bytes or str, not %s",
                      Py_TYPE(body)->tp_name);
         return NULL;
@@ -370,7 +362,8 @@ static PyObject *http_post(PyObject *module, PyObject *args, PyObject *kwargs)
     CF_CURL(curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 2L));
     CF_CURL(curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L));
     CF_CURL(curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long)ceil(timeout * 1000.0)));
-    CF_CURL(curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long)ceil(connect_timeout * 1000.0)));
+    CF_CURL(
+        curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long)ceil(connect_timeout * 1000.0)));
     CF_CURL(curl_easy_setopt(curl, CURLOPT_USERAGENT, "cudaforge libcurl/" LIBCURL_VERSION));
     CF_CURL(curl_easy_setopt(curl, CURLOPT_ACCEPT_ENCODING, "")); /* any curl can decode */
     CF_CURL(curl_easy_setopt(curl, CURLOPT_HTTPHEADER, header_list));
@@ -402,8 +395,8 @@ static PyObject *http_post(PyObject *module, PyObject *args, PyObject *kwargs)
     response_headers = parse_headers(&t.headers);
     if (response_headers == NULL)
         goto error;
-    result = Py_BuildValue("(ly#O)", status, t.body.data ? t.body.data : "",
-                           (Py_ssize_t)t.body.len, response_headers);
+    result = Py_BuildValue("(ly#O)", status, t.body.data ? t.body.data : "", (Py_ssize_t)t.body.len,
+                           response_headers);
 error:
     Py_XDECREF(response_headers);
     curl_slist_free_all(header_list);

@@ -130,8 +130,8 @@ static int kernel_init(PyObject *self, PyObject *args, PyObject *kwargs)
     static char *kwlist[] = {"module", "name", "codes", "param_names", NULL};
     if (st == NULL)
         return -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!U|OO:Kernel", kwlist, st->ModuleType,
-                                     &module, &name, &codes, &names))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!U|OO:Kernel", kwlist, st->ModuleType, &module,
+                                     &name, &codes, &names))
         return -1;
     memset(k->codes, 0, sizeof k->codes);
     if (codes != Py_None) {
@@ -141,8 +141,8 @@ static int kernel_init(PyObject *self, PyObject *args, PyObject *kwargs)
             return -1;
         if (len > CF_MAX_PARAMS || strspn(c, valid_codes) != (size_t)len) {
             PyErr_Format(PyExc_ValueError,
-                         "codes must be at most %d of %s, one per parameter; got %R",
-                         CF_MAX_PARAMS, valid_codes, codes);
+                         "codes must be at most %d of %s, one per parameter; got %R", CF_MAX_PARAMS,
+                         valid_codes, codes);
             return -1;
         }
         memcpy(k->codes, c, (size_t)len);
@@ -208,8 +208,8 @@ static CUfunction kernel_function(cf_state *st, cf_kernel *k, CUdevice dev)
     if (k->n_params < 0) {
         int n = 0;
         for (; n < CF_MAX_PARAMS; n++) {
-            status = cf_cu.cuFuncGetParamInfo(fn, (size_t)n, &k->param_offset[n],
-                                              &k->param_size[n]);
+            status =
+                cf_cu.cuFuncGetParamInfo(fn, (size_t)n, &k->param_offset[n], &k->param_size[n]);
             if (status == CUDA_ERROR_INVALID_VALUE)
                 break;
             CF_CU(status);
@@ -263,8 +263,7 @@ static int parse_dim(PyObject *obj, const char *what, unsigned int out[3])
         if (v == -1 && PyErr_Occurred())
             return -1;
         if (v < 1 || v > 0x7fffffffL) {
-            PyErr_Format(PyExc_ValueError, "%s[%zd] must be >= 1 and < 2**31, got %ld", what, i,
-                         v);
+            PyErr_Format(PyExc_ValueError, "%s[%zd] must be >= 1 and < 2**31, got %ld", what, i, v);
             return -1;
         }
         out[i] = (unsigned int)v;
@@ -315,8 +314,8 @@ static int pack_param(cf_state *st, cf_kernel *k, int i, PyObject *obj, CUdevice
         if ((size_t)PyBytes_GET_SIZE(obj) != size) {
             PyObject *label = param_label(k, i);
             if (label != NULL) {
-                PyErr_Format(PyExc_TypeError, "%U: takes %zu bytes, got bytes of length %zd",
-                             label, size, PyBytes_GET_SIZE(obj));
+                PyErr_Format(PyExc_TypeError, "%U: takes %zu bytes, got bytes of length %zd", label,
+                             size, PyBytes_GET_SIZE(obj));
                 Py_DECREF(label);
             }
             return -1;
@@ -560,8 +559,8 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *argv, size_t
         goto error;
     }
     if (grid[1] > 65535 || grid[2] > 65535) {
-        PyErr_Format(PyExc_ValueError, "grid (%u, %u, %u): y and z must be at most 65535",
-                     grid[0], grid[1], grid[2]);
+        PyErr_Format(PyExc_ValueError, "grid (%u, %u, %u): y and z must be at most 65535", grid[0],
+                     grid[1], grid[2]);
         goto error;
     }
     if (shared_mem > 48 * 1024 && (unsigned long long)k->dynamic_smem_set[dev] < shared_mem) {
@@ -573,15 +572,16 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *argv, size_t
     CUstream stream = resolve_stream(st, slot[4], dev, &ok);
     if (!ok)
         goto error;
-    CUresult status = cf_cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1],
-                                           block[2], (unsigned int)shared_mem, stream, params, NULL);
+    CUresult status =
+        cf_cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                             (unsigned int)shared_mem, stream, params, NULL);
     if (status != CUDA_SUCCESS) {
         char call[256];
         snprintf(call, sizeof call,
                  "cuLaunchKernel of kernel '%s' with grid [%u,%u,%u] block [%u,%u,%u] shared %llu "
                  "bytes",
-                 PyUnicode_AsUTF8(k->name), grid[0], grid[1], grid[2], block[0], block[1],
-                 block[2], shared_mem);
+                 PyUnicode_AsUTF8(k->name), grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                 shared_mem);
         cf_raise_cu(st, status, call, __FILE__, __LINE__);
         goto error;
     }
@@ -675,7 +675,7 @@ static PyObject *kernel_occupancy(PyObject *self, PyObject *args, PyObject *kwar
     if (fn == NULL)
         return NULL;
     CF_CU(cf_cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, block_size,
-                                                             (size_t)shared_mem));
+                                                            (size_t)shared_mem));
     return PyLong_FromLong(blocks);
 error:
     return NULL;
@@ -805,8 +805,7 @@ static PyObject *device_info(PyObject *module, PyObject *args)
         {"shared_bytes_per_multiprocessor",
          CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR},
         {"registers_per_multiprocessor", CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR},
-        {"max_threads_per_multiprocessor",
-         CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR},
+        {"max_threads_per_multiprocessor", CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR},
         {"max_threads_per_block", CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK},
         {"max_blocks_per_multiprocessor", CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR},
         {"warp_size", CU_DEVICE_ATTRIBUTE_WARP_SIZE},
@@ -871,8 +870,7 @@ static PyObject *set_torch_hooks(PyObject *module, PyObject *args)
 {
     cf_state *st = cf_get_state(module);
     PyObject *tensor_type, *stream_getter;
-    if (!PyArg_ParseTuple(args, "O!O:set_torch_hooks", &PyType_Type, &tensor_type,
-                          &stream_getter))
+    if (!PyArg_ParseTuple(args, "O!O:set_torch_hooks", &PyType_Type, &tensor_type, &stream_getter))
         return NULL;
     if (!PyCallable_Check(stream_getter)) {
         PyErr_SetString(PyExc_TypeError, "stream_getter must be callable(device) -> int");

@@ -37,7 +37,7 @@ static int fill_cuda(cf_state *st, void *handle, char *why, size_t why_size)
     }
     CUdriverProcAddressQueryResult found;
 #define CF_RESOLVE_CU(name, version)                                                               \
-    if (get_proc(#name, (void **)&cf_cu.name, version, CU_GET_PROC_ADDRESS_DEFAULT, &found) !=      \
+    if (get_proc(#name, (void **)&cf_cu.name, version, CU_GET_PROC_ADDRESS_DEFAULT, &found) !=     \
             CUDA_SUCCESS ||                                                                        \
         found != CU_GET_PROC_ADDRESS_SUCCESS || cf_cu.name == NULL) {                              \
         snprintf(why, why_size, "the driver has no %s (CUDA %d ABI)", #name, version);             \
@@ -131,13 +131,14 @@ static PyObject *load_library(PyObject *module, PyObject *args)
         PyObject *msg = PyUnicode_FromFormat(
             "lib%s could not be loaded; tried:\n%U\nset %s to the library's path, or %s", kind,
             joined, lib_env[idx],
-            idx == LIB_CUDA ? "install the NVIDIA driver (libcuda comes with it)"
-                            : "pip install 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-cupti==13.0.*'");
+            idx == LIB_CUDA
+                ? "install the NVIDIA driver (libcuda comes with it)"
+                : "pip install 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-cupti==13.0.*'");
         Py_DECREF(joined);
         if (msg == NULL)
             goto error;
-        PyObject *attrs = Py_BuildValue("{s:s,s:O,s:s}", "library", kind, "tried", tried,
-                                        "env_var", lib_env[idx]);
+        PyObject *attrs = Py_BuildValue("{s:s,s:O,s:s}", "library", kind, "tried", tried, "env_var",
+                                        lib_env[idx]);
         if (attrs != NULL) {
             cf_raise_with(st->LibraryNotFound, PyUnicode_AsUTF8(msg), attrs);
             Py_DECREF(attrs);

@@ -168,8 +168,8 @@ static PyObject *rejection_reason(cf_state *st, CUpti_Profiler_Host_Object *host
     const char *dot = strchr(name, '.');
     if (dot != NULL && dot > name) {
         char base[256];
-        size_t len = (size_t)(dot - name) < sizeof base - 1 ? (size_t)(dot - name)
-                                                            : sizeof base - 1;
+        size_t len =
+            (size_t)(dot - name) < sizeof base - 1 ? (size_t)(dot - name) : sizeof base - 1;
         memcpy(base, name, len);
         base[len] = '\0';
         int known = metric_known(st, host, base);
@@ -355,7 +355,8 @@ static int profiler_initialize(cf_state *st)
 {
     if (profiler_initialized)
         return 0;
-    CUpti_Profiler_Initialize_Params p = {.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE};
+    CUpti_Profiler_Initialize_Params p = {.structSize =
+                                              CUpti_Profiler_Initialize_Params_STRUCT_SIZE};
     CF_CUPTI(cf_cupti.cuptiProfilerInitialize(&p));
     profiler_initialized = 1;
     return 0;
@@ -604,8 +605,9 @@ static PyObject *profiler_base_metrics(PyObject *self, PyObject *args, PyObject 
             goto error;
     }
     if (!found) {
-        PyErr_Format(PyExc_ValueError, "type must be 'counter', 'ratio', 'throughput' or None, "
-                                       "not '%s'",
+        PyErr_Format(PyExc_ValueError,
+                     "type must be 'counter', 'ratio', 'throughput' or None, "
+                     "not '%s'",
                      type);
         goto error;
     }
@@ -657,10 +659,9 @@ static PyObject *profiler_properties(PyObject *self, PyObject *arg)
         return NULL;
     }
     CF_CUPTI(status);
-    return Py_BuildValue("{s:s,s:s,s:s,s:s}", "description",
-                         q.pDescription ? q.pDescription : "", "hw_unit",
-                         q.pHwUnit ? q.pHwUnit : "", "dim_unit", q.pDimUnit ? q.pDimUnit : "",
-                         "type", metric_type_name(q.metricType));
+    return Py_BuildValue("{s:s,s:s,s:s,s:s}", "description", q.pDescription ? q.pDescription : "",
+                         "hw_unit", q.pHwUnit ? q.pHwUnit : "", "dim_unit",
+                         q.pDimUnit ? q.pDimUnit : "", "type", metric_type_name(q.metricType));
 error:
     return NULL;
 }

@@ -169,8 +169,8 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 static int begin(cf_state *st, int mode, size_t max_records)
 {
     if (trace.mode != IDLE) {
-        const char *who = trace.mode == USER_TIMING ? "timing_start() is running"
-                                                    : "a profile is running";
+        const char *who =
+            trace.mode == USER_TIMING ? "timing_start() is running" : "a profile is running";
         char msg[256];
         snprintf(msg, sizeof msg,
                  "a CUPTI activity trace is already active in this process (%s); stop it first",
@@ -207,8 +207,8 @@ static int end(cf_state *st, int synchronize)
 {
     CUcontext ctx = NULL;
     int failed = 0;
-    if (synchronize && cf_cu.cuCtxGetCurrent != NULL && cf_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
-        ctx != NULL) {
+    if (synchronize && cf_cu.cuCtxGetCurrent != NULL &&
+        cf_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != NULL) {
         CUresult status;
         Py_BEGIN_ALLOW_THREADS
         status = cf_cu.cuCtxSynchronize();
@@ -301,11 +301,11 @@ static PyObject *record_dict(const cf_kernel_record *r)
     return Py_BuildValue(
         "{s:s,s:K,s:K,s:L,s:I,s:I,s:I,s:I,s:(iii),s:(iii),s:i,s:i,s:i,s:I,s:I}", "name", r->name,
         "start_ns", (unsigned long long)r->start_ns, "end_ns", (unsigned long long)r->end_ns,
-        "duration_ns", (long long)(r->end_ns - r->start_ns), "stream", r->stream,
-        "correlation_id", r->correlation_id, "device", r->device, "context", r->context, "grid",
-        r->grid[0], r->grid[1], r->grid[2], "block", r->block[0], r->block[1], r->block[2],
-        "registers", (int)r->registers, "static_shared", r->static_shared, "dynamic_shared",
-        r->dynamic_shared, "shared_executed", r->shared_executed, "local_bytes", r->local_bytes);
+        "duration_ns", (long long)(r->end_ns - r->start_ns), "stream", r->stream, "correlation_id",
+        r->correlation_id, "device", r->device, "context", r->context, "grid", r->grid[0],
+        r->grid[1], r->grid[2], "block", r->block[0], r->block[1], r->block[2], "registers",
+        (int)r->registers, "static_shared", r->static_shared, "dynamic_shared", r->dynamic_shared,
+        "shared_executed", r->shared_executed, "local_bytes", r->local_bytes);
 }
 
 static PyObject *timing_stop(PyObject *module, PyObject *args, PyObject *kwargs)
@@ -353,13 +353,12 @@ static PyObject *timing_stats(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    return Py_BuildValue("{s:O,s:K,s:K,s:K,s:K,s:K}", "active",
-                         trace.mode != IDLE ? Py_True : Py_False, "records",
-                         (unsigned long long)last_records, "dropped",
-                         (unsigned long long)(last_dropped_by_cupti + last_dropped_over_limit),
-                         "dropped_by_cupti", (unsigned long long)last_dropped_by_cupti,
-                         "dropped_over_limit", (unsigned long long)last_dropped_over_limit,
-                         "buffers", (unsigned long long)last_buffers);
+    return Py_BuildValue(
+        "{s:O,s:K,s:K,s:K,s:K,s:K}", "active", trace.mode != IDLE ? Py_True : Py_False, "records",
+        (unsigned long long)last_records, "dropped",
+        (unsigned long long)(last_dropped_by_cupti + last_dropped_over_limit), "dropped_by_cupti",
+        (unsigned long long)last_dropped_by_cupti, "dropped_over_limit",
+        (unsigned long long)last_dropped_over_limit, "buffers", (unsigned long long)last_buffers);
 }
 
 static PyObject *timing_clock_ns(PyObject *module, PyObject *unused)

@@ -48,3 +48,16 @@ def test_driver_functions_are_resolved_at_their_prototype_version():
         mapped = re.search(rf"#define {name}\s+(?:__CUDA_API_\w+\()?{name}_v\d", cuda_h)
         expected = versions[-1] if mapped else versions[0]
         assert int(version) == expected, f"{name}: resolve at {expected}, not {version}"
+
+
+def test_c_sources_are_clang_formatted():
+    import shutil
+    import subprocess
+
+    tool = shutil.which("clang-format")
+    if tool is None:
+        pytest.skip("clang-format is not installed (apt-get install clang-format)")
+    paths = [str(p) for p in sorted(CSRC.glob("*.[ch]"))]
+    out = subprocess.run([tool, "--dry-run", "--Werror", *paths], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
