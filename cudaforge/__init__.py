@@ -12,6 +12,7 @@ from .errors import (
     CompileError,
     CudaError,
     CudaforgeError,
+    ExtraNotInstalled,
     HTTPError,
     KernelFault,
     LibraryNotFound,
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 # an eager import keeps the package attribute the function rather than the submodule)
 _LAZY = {
     "WorkerPool": "worker",
+    "RayPool": "cluster",
     "optimize": "pipeline",
     "load": "pipeline",
     "restore": "swap",
@@ -56,6 +58,7 @@ __all__ = [
     "CudaError",
     "CudaforgeError",
     "EvalResult",
+    "ExtraNotInstalled",
     "HTTPError",
     "KernelFault",
     "LLMError",
@@ -64,6 +67,7 @@ __all__ = [
     "NoGPUError",
     "Problem",
     "ProfilerError",
+    "RayPool",
     "VerificationError",
     "WorkerPool",
     "compile",

@@ -203,14 +203,21 @@ def cmd_bench(args) -> int:
         problems = dir_problems(args.dir, levels, ids)
     else:
         raise ValueError("bench needs a problem folder or --dev-set")
-    shrink = args.shrink or not has_gpu()
+    pool = None
+    if args.ray:
+        from .cluster import RayPool
+
+        pool = RayPool(args.ray)
+    gpu = has_gpu() if pool is None else any(d.startswith("cuda") for d in pool.devices)
+    shrink = args.shrink or not gpu
 
     def evaluate_source(problem_source: str, candidate_source: str):
         from .evaluate import evaluate
         from .problem import Problem
 
         return evaluate(Problem.from_source(problem_source), candidate_source,
-                        trials=args.trials, timed_runs=args.timed_runs, timeout=args.timeout)
+                        trials=args.trials, timed_runs=args.timed_runs, timeout=args.timeout,
+                        pool=pool)
 
     forge = loop_forge(evaluate_source, coder=args.llm, judge=args.judge, rounds=args.rounds,
                        max_dollars=args.max_dollars, gpu=gpu_facts(),
@@ -222,10 +229,14 @@ def cmd_bench(args) -> int:
             small = bench_problem.to_problem().shrink(CPU_MAX_BYTES)
             return inner(dataclasses.replace(bench_problem, source=small.source))
 
-    outcome = run_bench(problems, forge, args.results, jobs=args.jobs,
-                        retry_errors=args.retry_errors,
-                        meta={"coder": args.llm, "judge": args.judge or args.llm,
-                              "rounds": args.rounds, "shrunk": shrink})
+    try:
+        outcome = run_bench(problems, forge, args.results, jobs=args.jobs,
+                            retry_errors=args.retry_errors,
+                            meta={"coder": args.llm, "judge": args.judge or args.llm,
+                                  "rounds": args.rounds, "shrunk": shrink})
+    finally:
+        if pool is not None:
+            pool.close()
     print(f"results: {outcome.results} ({len(outcome.records)} run, {len(outcome.skipped)} "
           "already done)")
     errors = sum(1 for r in outcome.records if r.status == "error")
@@ -333,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="bench-results.jsonl", help="the JSONL results file")
     p.add_argument("--jobs", type=int, default=1, help="problems at once")
     p.add_argument("--retry-errors", action="store_true", help="rerun problems that errored")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="evaluate on the Ray cluster at ADDRESS ('auto', HOST:PORT, ray://...; "
+                        "'local' starts one here); needs pip install cudaforge[ray]")
     _add_run_options(p)
     _add_llm_options(p)
     p.set_defaults(run=cmd_bench)
@@ -368,11 +382,11 @@ def main(argv=None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        from .errors import LibraryNotFound, NeedsKeyError, NoGPUError
+        from .errors import ExtraNotInstalled, LibraryNotFound, NeedsKeyError, NoGPUError
 
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"cudaforge: error: {type(exc).__name__}: {first}", file=sys.stderr)
-        if isinstance(exc, (NoGPUError, LibraryNotFound, NeedsKeyError)):
+        if isinstance(exc, (NoGPUError, LibraryNotFound, NeedsKeyError, ExtraNotInstalled)):
             return EXIT_MISSING
         if isinstance(exc, (ValueError, FileNotFoundError, TypeError, KeyError)):
             return EXIT_USAGE

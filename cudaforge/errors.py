@@ -48,10 +48,22 @@ class NoGPUError(CudaforgeError):
     """A GPU is needed for this call and none is usable; the message says why."""
 
 
+class ExtraNotInstalled(CudaforgeError, ImportError):
+    """A feature needs an optional dependency that is not installed. Attributes: name (the
+    missing module), extra (the cudaforge extra that brings it), hint (the command to run)."""
+
+    def __init__(self, name: str, extra: str, feature: str):
+        self.extra = extra
+        self.hint = f"pip install cudaforge[{extra}]"
+        super().__init__(f"{feature} needs the '{name}' package, which is not installed here; "
+                         f"install it with: {self.hint}", name=name)
+
+
 __all__ = [
     "CompileError",
     "CudaError",
     "CudaforgeError",
+    "ExtraNotInstalled",
     "HTTPError",
     "KernelFault",
     "LLMError",

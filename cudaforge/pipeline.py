@@ -650,6 +650,7 @@ def optimize(
     tolerance: float | None = None,
     candidates: int = 1,
     eval_options: dict | None = None,
+    cluster: str | None = None,
 ) -> OptimizeResult:
     """Make `model` faster on inputs like `example_inputs` with verified kernels for its hot spots.
 
@@ -668,9 +669,13 @@ def optimize(
     reuse: take stored kernels that pass again before asking the agents. min_speedup: a kernel
     must be faster than this (worker and in-process). tolerance: atol = rtol of the in-process
     checks (default per dtype). candidates: parallel lanes per agents loop. eval_options: more
-    options for cudaforge.evaluate (trials, timed_runs, profile, ...).
+    options for cudaforge.evaluate (trials, timed_runs, profile, ...). cluster: "ray" evaluates
+    on a Ray cluster when no pool is given (a cudaforge.RayPool on the cluster RAY_ADDRESS names,
+    or a local instance; closed at the end).
 
     Raises HotspotError when the model cannot be handled (the message says what and why)."""
+    if cluster not in (None, "ray"):
+        raise ValueError(f"cluster must be None or 'ray', not {cluster!r}")
     dollars, seconds = _budget(budget)
     run = _Run(
         mode="optimize", model=model, example_inputs=example_inputs, targets=targets,
@@ -699,7 +704,13 @@ def optimize(
     if dollars is not None:
         agent_options["dollars"] = dollars  # split over the hot spots once they are known
     run.reuse = reuse
-    return run.run(agent_options)
+    if cluster is None or pool is not None:
+        return run.run(agent_options)
+    from .cluster import RayPool
+
+    with RayPool() as ray_pool:
+        run.pool = ray_pool
+        return run.run(agent_options)
 
 
 def load(

@@ -82,6 +82,7 @@ class EvalResult:
     profile: dict[str, Any] | None = None  # hardware metrics (cudaforge.profile), when asked
     device: str = ""
     worker: int | None = None
+    node: str = ""  # the Ray node that measured it (its node id); "" for a local pool
     phase_seconds: dict[str, float] = field(default_factory=dict)
     # added with the evaluation harness (cudaforge/evaluate.py)
     problem_hash: str = ""  # sha256 of the problem source that ran (size overrides included)

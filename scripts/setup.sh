@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a development environment in ./.venv: system headers (libcurl), PyTorch (the CPU build on
 # machines without a GPU), the CUDA wheels that carry NVRTC/CUPTI and their headers, the test
-# tools, and cudaforge itself in editable mode. Safe to run again.
+# tools (Ray too, for tests/test_cluster.py), and cudaforge itself in editable mode. Safe to run
+# again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -19,6 +20,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   else pip install -q torch==2.13.0; fi   # the CPU build
 fi
 pip install -q "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-cupti==13.0.*" "nvidia-cuda-runtime==13.0.*" \
-  numpy einops pytest nbclient nbformat ipykernel
+  numpy einops pytest nbclient nbformat ipykernel ray
 pip install -q --no-build-isolation -e .
 echo "setup: done (.venv/bin/cudaforge doctor shows what this machine offers)"
