@@ -20,18 +20,16 @@ node, as on the driver (or brought by a Ray runtime_env, passed in `init_options
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import queue
 import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import ExtraNotInstalled, NoGPUError
 from .problem import Problem
 from .results import EvalResult
+from .worker import QueuedPool, _failed, _Job
 
 # beyond the pool's own deadlines, how long an actor may take to answer before it is given up
 ACTOR_GRACE_S = 60.0
@@ -73,13 +71,6 @@ class _EvalActor:
         self.pool.close()
 
 
-@dataclass
-class _Job:
-    problem: Problem
-    source: str
-    options: Any  # EvalOptions
-    future: Future
-
 
 class _Slot:
     """One actor's place in the pool: the actor, replaced when it dies."""
@@ -95,7 +86,7 @@ class _Slot:
         self.why = ""  # why it could not start
 
 
-class RayPool:
+class RayPool(QueuedPool):
     """Ray actors that evaluate candidates, one per GPU of the cluster, or `workers` CPU actors
     with device="cpu" (or where the cluster has no GPU; default 2, fewer if it has fewer CPUs).
     An actor past the cluster's free GPUs waits up to `start_timeout` for one, then is left out.
@@ -153,9 +144,7 @@ class RayPool:
         options = {"num_gpus": 1} if kind == "cuda" else {"num_cpus": 1}
         self._actor_class = ray.remote(**options)(_EvalActor)
         self._actor_args = (kind, start_timeout, None if log_dir is None else str(log_dir))
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._closed = False
+        self._init_queue()
         self._slots = [_Slot(i, kind) for i in range(workers)]
         self._alive = len(self._slots)
         self._threads = [
@@ -192,67 +181,18 @@ class RayPool:
                 return False
         return all(s.started for s in self._slots)
 
-    def submit(self, problem: Problem | str, candidate_source: str, **options: Any) -> Future:
-        from .evaluate import make_options
+    def _enqueue(self, job: _Job) -> bool:
+        if not self._alive:
+            return False
+        self._jobs.put(job)
+        return True
 
-        options.setdefault("timeout", self.timeout)
-        options.setdefault("compile_timeout", self.compile_timeout)
-        return self.submit_options(problem, candidate_source, make_options(**options))
+    def _refusal(self) -> str:
+        return self._none_left()
 
-    def submit_options(self, problem: Problem | str, candidate_source: str, options) -> Future:
-        if isinstance(problem, str):
-            problem = Problem.from_source(problem)
-        if not isinstance(candidate_source, str):
-            raise TypeError("candidate_source must be the candidate's Python source (a str)")
-        for sizes in getattr(options, "extra_sizes", ()):
-            problem.with_sizes(**sizes)  # unknown names fail here, in the caller, not on a node
-        job = _Job(problem, candidate_source, options, Future())
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("this RayPool is closed")
-            if self._alive:
-                self._jobs.put(job)
-                return job.future
-        job.future.set_running_or_notify_cancel()
-        job.future.set_result(_failed(job, "crashed", self._none_left()))
-        return job.future
-
-    def evaluate(self, problem: Problem | str, candidate_source: str, **options) -> EvalResult:
-        return self.submit(problem, candidate_source, **options).result()
-
-    def map(self, problem: Problem | str, candidates, **options) -> list[EvalResult]:
-        futures = [self.submit(problem, c, **options) for c in candidates]
-        return [f.result() for f in futures]
-
-    def close(self) -> None:
-        """Stop every actor (pending evaluations are cancelled); waits for running ones. Shuts
-        Ray down if this pool started it."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.future.cancel()
-        for _ in self._threads:
-            self._jobs.put(None)
-        for t in self._threads:
-            t.join()
+    def _after_close(self) -> None:
+        """Shut Ray down if this pool started it."""
         self._shutdown()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        with contextlib.suppress(Exception):
-            self.close()
 
     # ------------------------------------------------------------------ per actor thread
 
@@ -394,17 +334,6 @@ class RayPool:
             self._own_ray = False
             with contextlib.suppress(Exception):
                 _ray().shutdown()
-
-
-def _failed(job: _Job, status: str, error: str) -> EvalResult:
-    return EvalResult(
-        problem=job.problem.name,
-        status=status,
-        error=error,
-        problem_hash=job.problem.hash,
-        candidate_hash=hashlib.sha256(job.source.encode()).hexdigest(),
-        seed=getattr(job.options, "seed", 0),
-    )
 
 
 def _first_line(error: BaseException) -> str:

@@ -203,7 +203,90 @@ class _Worker:
             self.log_offset = self.log_path.stat().st_size
 
 
-class WorkerPool:
+class QueuedPool:
+    """What WorkerPool and cluster.RayPool share: a queue of jobs served by one thread per
+    worker, futures for the results, and the public calls. A subclass sets timeout,
+    compile_timeout and _threads, and may override _enqueue and _after_close."""
+
+    def _init_queue(self) -> None:
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, problem: Problem | str, candidate_source: str, **options: Any) -> Future:
+        from .evaluate import make_options
+
+        options.setdefault("timeout", self.timeout)
+        options.setdefault("compile_timeout", self.compile_timeout)
+        return self.submit_options(problem, candidate_source, make_options(**options))
+
+    def submit_options(self, problem: Problem | str, candidate_source: str, options) -> Future:
+        if isinstance(problem, str):
+            problem = Problem.from_source(problem)
+        if not isinstance(candidate_source, str):
+            raise TypeError("candidate_source must be the candidate's Python source (a str)")
+        for sizes in getattr(options, "extra_sizes", ()):
+            problem.with_sizes(**sizes)  # unknown names fail here, in the caller, not in a worker
+        job = _Job(problem, candidate_source, options, Future())
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"this {type(self).__name__} is closed")
+            if self._enqueue(job):
+                return job.future
+        job.future.set_running_or_notify_cancel()
+        job.future.set_result(_failed(job, "crashed", self._refusal()))
+        return job.future
+
+    def _enqueue(self, job: _Job) -> bool:
+        """Queue the job (under the lock); False when no worker can take it."""
+        self._jobs.put(job)
+        return True
+
+    def _refusal(self) -> str:
+        return "no worker can take the job"
+
+    def evaluate(self, problem: Problem | str, candidate_source: str, **options) -> EvalResult:
+        return self.submit(problem, candidate_source, **options).result()
+
+    def map(self, problem: Problem | str, candidates, **options) -> list[EvalResult]:
+        futures = [self.submit(problem, c, **options) for c in candidates]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Stop every worker (pending evaluations are cancelled); waits for running ones."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.future.cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join()
+        self._after_close()
+
+    def _after_close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class WorkerPool(QueuedPool):
     """Worker processes that evaluate candidates: one per visible GPU, or `workers` CPU workers
     where there is no GPU (or with device="cpu"). Use as a context manager, or call close().
 
@@ -229,9 +312,7 @@ class WorkerPool:
         self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="cudaforge-workers-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._closed = False
+        self._init_queue()
         self.restarts = 0
         slots = _plan_workers(workers, device)
         if not slots:
@@ -270,67 +351,13 @@ class WorkerPool:
         """Process ids of the live workers (for tests and diagnostics)."""
         return [w.process.pid for w in self._workers if w.alive()]
 
-    def submit(self, problem: Problem | str, candidate_source: str, **options: Any) -> Future:
-        from .evaluate import make_options
-
-        options.setdefault("timeout", self.timeout)
-        options.setdefault("compile_timeout", self.compile_timeout)
-        return self.submit_options(problem, candidate_source, make_options(**options))
-
-    def submit_options(self, problem: Problem | str, candidate_source: str, options) -> Future:
-        if isinstance(problem, str):
-            problem = Problem.from_source(problem)
-        if not isinstance(candidate_source, str):
-            raise TypeError("candidate_source must be the candidate's Python source (a str)")
-        for sizes in getattr(options, "extra_sizes", ()):
-            problem.with_sizes(**sizes)  # unknown names fail here, in the caller, not in a worker
-        future: Future = Future()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("this WorkerPool is closed")
-            self._jobs.put(_Job(problem, candidate_source, options, future))
-        return future
-
-    def evaluate(self, problem: Problem | str, candidate_source: str, **options) -> EvalResult:
-        return self.submit(problem, candidate_source, **options).result()
-
-    def map(self, problem: Problem | str, candidates, **options) -> list[EvalResult]:
-        futures = [self.submit(problem, c, **options) for c in candidates]
-        return [f.result() for f in futures]
-
-    def close(self) -> None:
-        """Stop every worker (pending evaluations are cancelled); waits for running ones."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.future.cancel()
-        for _ in self._threads:
-            self._jobs.put(None)
-        for t in self._threads:
-            t.join()
+    def _after_close(self) -> None:
         if self._own_log_dir:
             for path in self.log_dir.glob("*.log"):
                 with contextlib.suppress(OSError):
                     path.unlink()
             with contextlib.suppress(OSError):
                 self.log_dir.rmdir()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        with contextlib.suppress(Exception):
-            self.close()
 
     # ------------------------------------------------------------------ per worker thread
 
@@ -594,4 +621,4 @@ if __name__ == "__main__":
     os._exit(0)  # skip interpreter teardown (CUDA and extension destructors) once done
 
 
-__all__ = ["WorkerPool", "default_pool"]
+__all__ = ["QueuedPool", "WorkerPool", "default_pool"]
