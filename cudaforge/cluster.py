@@ -147,13 +147,7 @@ class RayPool(QueuedPool):
         self._init_queue()
         self._slots = [_Slot(i, kind) for i in range(workers)]
         self._alive = len(self._slots)
-        self._threads = [
-            threading.Thread(target=self._serve, args=(s,), name=f"cudaforge-ray-{s.index}",
-                             daemon=True)
-            for s in self._slots
-        ]  # fmt: skip
-        for t in self._threads:
-            t.start()
+        self._start_serving(self._slots, "cudaforge-ray")
 
     # ------------------------------------------------------------------ public
 

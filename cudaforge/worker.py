@@ -214,6 +214,15 @@ class QueuedPool:
         self._closed = False
         self._threads: list[threading.Thread] = []
 
+    def _start_serving(self, members: list, prefix: str) -> None:
+        """One thread per member (worker, actor slot) running self._serve(member)."""
+        self._threads = [
+            threading.Thread(target=self._serve, args=(m,), name=f"{prefix}-{m.index}", daemon=True)
+            for m in members
+        ]
+        for t in self._threads:
+            t.start()
+
     def submit(self, problem: Problem | str, candidate_source: str, **options: Any) -> Future:
         from .evaluate import make_options
 
@@ -320,13 +329,7 @@ class WorkerPool(QueuedPool):
         self._workers = [_Worker(self, i, env, dev) for i, (env, dev) in enumerate(slots)]
         for w in self._workers:
             w.start()
-        self._threads = [
-            threading.Thread(target=self._serve, args=(w,), name=f"cudaforge-worker-{w.index}",
-                             daemon=True)
-            for w in self._workers
-        ]  # fmt: skip
-        for t in self._threads:
-            t.start()
+        self._start_serving(self._workers, "cudaforge-worker")
 
     # ------------------------------------------------------------------ public
 
