@@ -29,7 +29,7 @@ from typing import Any
 from .errors import ExtraNotInstalled, NoGPUError
 from .problem import Problem
 from .results import EvalResult
-from .worker import QueuedPool, _failed, _Job
+from .worker import QueuedPool, _failed, _Job, _wait_all
 
 # beyond the pool's own deadlines, how long an actor may take to answer before it is given up
 ACTOR_GRACE_S = 60.0
@@ -168,11 +168,8 @@ class RayPool(QueuedPool):
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until every actor and its worker have started; False if one could not."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for s in self._slots:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not s.settled.wait(remaining):
-                return False
+        if not _wait_all([s.settled for s in self._slots], timeout):
+            return False
         return all(s.started for s in self._slots)
 
     def _enqueue(self, job: _Job) -> bool:

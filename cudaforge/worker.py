@@ -343,12 +343,7 @@ class WorkerPool(QueuedPool):
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until every worker has started (imported torch, made its CUDA context)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for w in self._workers:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not w.started.wait(remaining):
-                return False
-        return True
+        return _wait_all([w.started for w in self._workers], timeout)
 
     def pids(self) -> list[int]:
         """Process ids of the live workers (for tests and diagnostics)."""
@@ -466,6 +461,16 @@ class WorkerPool(QueuedPool):
                 if message.get("retire"):
                     self._replace(worker)
                 return result
+
+
+def _wait_all(events: list[threading.Event], timeout: float | None) -> bool:
+    """Wait for every event within one shared `timeout` (s); False at the first one late."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for event in events:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not event.wait(remaining):
+            return False
+    return True
 
 
 def _failed(job: _Job, status: str, error: str) -> EvalResult:
