@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from .doctor import gpu_facts
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 CPU_MAX_BYTES = 32 << 20  # problems are shrunk to this on the CPU path (dev inputs reach GBs)
 
@@ -71,13 +73,6 @@ def read_source(path: str) -> str:
     if not p.exists():
         raise FileNotFoundError(f"no candidate file {path}")
     return p.read_text()
-
-
-def gpu_facts() -> str:
-    """One paragraph on the GPU the kernels target, for the agents' prompts."""
-    from .doctor import gpu_facts as facts
-
-    return facts()
 
 
 def result_table(result) -> str:
@@ -153,15 +148,16 @@ def cmd_profile(args) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
-def _forge_evaluate(args):
+def _source_evaluator(args, *, name: str | None = None, profile: bool = False, pool=None):
+    """The agents' evaluate(problem_source, candidate_source) with the command's run options."""
     from .evaluate import evaluate
     from .problem import Problem
 
     def run(problem_source: str, candidate_source: str):
-        problem = Problem.from_source(problem_source, name=args.problem_name)
+        problem = Problem.from_source(problem_source, name=name)
         return evaluate(problem, candidate_source, trials=args.trials,
-                        timed_runs=args.timed_runs, timeout=args.timeout,
-                        profile=has_gpu() and not args.no_profile)
+                        timed_runs=args.timed_runs, timeout=args.timeout, profile=profile,
+                        pool=pool)
 
     return run
 
@@ -170,13 +166,13 @@ def cmd_forge(args) -> int:
     from .agents import run_loop
 
     problem = load_problem(args.problem, args.sizes, args.shrink)
-    args.problem_name = problem.name
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     transcript = out_dir / f"{problem.name}.transcript.jsonl"
     print(f"forging {problem.name} with coder {args.llm}, judge {args.judge or args.llm}; "
           f"transcript {transcript}", file=sys.stderr)
-    result = run_loop(problem.source, _forge_evaluate(args), coder=args.llm, judge=args.judge,
+    evaluate = _source_evaluator(args, name=problem.name, profile=has_gpu() and not args.no_profile)
+    result = run_loop(problem.source, evaluate, coder=args.llm, judge=args.judge,
                       rounds=args.rounds, max_dollars=args.max_dollars,
                       max_seconds=args.max_seconds, candidates=args.candidates,
                       gpu=gpu_facts(), transcript=str(transcript), name=problem.name)
@@ -211,15 +207,7 @@ def cmd_bench(args) -> int:
     gpu = has_gpu() if pool is None else any(d.startswith("cuda") for d in pool.devices)
     shrink = args.shrink or not gpu
 
-    def evaluate_source(problem_source: str, candidate_source: str):
-        from .evaluate import evaluate
-        from .problem import Problem
-
-        return evaluate(Problem.from_source(problem_source), candidate_source,
-                        trials=args.trials, timed_runs=args.timed_runs, timeout=args.timeout,
-                        pool=pool)
-
-    forge = loop_forge(evaluate_source, coder=args.llm, judge=args.judge, rounds=args.rounds,
+    forge = loop_forge(_source_evaluator(args, pool=pool), coder=args.llm, judge=args.judge, rounds=args.rounds,
                        max_dollars=args.max_dollars, gpu=gpu_facts(),
                        transcripts_dir=str(Path(args.results).with_suffix("")) + "_transcripts")
     if shrink:
