@@ -88,10 +88,9 @@ def ensure(kind: str) -> str:
         return loaded[kind]
     with _lock:
         paths = candidates(kind)
-        for path in paths:
-            if os.path.isabs(path) and kind in COMPANIONS:
-                _preload_companions(kind, path)
-                break
+        first_file = next((p for p in paths if os.path.isabs(p)), None)
+        if first_file is not None and kind in COMPANIONS:
+            _preload_companions(kind, first_file)
         return _core.load_library(kind, paths)
 
 

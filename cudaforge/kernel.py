@@ -15,6 +15,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -344,8 +345,6 @@ def compile(
 
     Raises CompileError with the NVRTC log (.log) and the failing line quoted (.line).
     Results are cached in memory and on disk under cache_dir()/kernels."""
-    import time
-
     if not isinstance(source, str) or not source.strip():
         raise ValueError("source must be a non-empty string of CUDA C++")
     _libs.ensure("nvrtc")
