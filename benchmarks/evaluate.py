@@ -38,6 +38,8 @@ HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "cudaforge" / "examples"  # hand-written reference kernels
 sys.path.insert(0, str(HERE.parent))
 
+from ncu_tools import find_ncu
+
 from cudaforge.problem import Problem
 
 
@@ -164,7 +166,7 @@ def run_paper_way(case: Case, args, scratch: Path) -> dict:
 def ncu_kernel_times(case: Case, own: list[str], args, scratch: Path) -> dict | None:
     """Nsight Compute's gpu__time_duration.sum (us) per own kernel of the candidate, over 20
     launches, with clocks not locked (as in the timed runs) and caches flushed (as there)."""
-    ncu = shutil.which("ncu")
+    ncu = find_ncu()
     if ncu is None or not own:
         return None
     regex = "regex:^(" + "|".join(re.escape(k) for k in own) + ")"

@@ -7,6 +7,12 @@ Writes profile_vs_ncu.json and profile_vs_ncu.md under --out. Options:
     --kernels vector_add,matmul_naive   a subset (default: all seven)
     --ncu PATH                          the ncu binary (default: PATH, /usr/local/cuda/bin, ...)
     --ncu-cache-control none|all        ncu's cache control (default none: like CUPTI's replay)
+    --paper-ncu                         also time the paper's way for vector_add: ncu over a fresh
+                                        Python that builds the candidate with load_inline (a new
+                                        candidate, so a cold build), against cudaforge compiling
+                                        a new candidate with NVRTC and profiling it
+    --diagnose                          where the Range Profiler's time goes: profile() variants
+                                        (replay mode, naming trace, 1 metric, tensor size)
     --record-fixture PATH               also write a measured ForwardProfile JSON for
                                         tests/test_feedback.py (vector add + naive matmul + a
                                         PyTorch op in one forward)
@@ -21,17 +27,17 @@ from __future__ import annotations
 
 import argparse
 import csv
-import glob
 import io
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ncu_tools import find_ncu
 
 # ---------------------------------------------------------------- the kernels (dev problems)
 
@@ -163,25 +169,6 @@ def setup(name: str):
 # ---------------------------------------------------------------- ncu
 
 
-def find_ncu(given: str | None) -> str | None:
-    if given:
-        return given
-    found = shutil.which("ncu")
-    if found:
-        return found
-    patterns = [
-        "/usr/local/cuda/bin/ncu",
-        "/usr/local/cuda/nsight-compute*/ncu",
-        "/opt/nvidia/nsight-compute/*/ncu",
-        "/usr/local/NVIDIA-Nsight-Compute*/ncu",
-    ]
-    for pattern in patterns:
-        hits = sorted(glob.glob(pattern))
-        if hits:
-            return hits[-1]
-    return None
-
-
 def parse_ncu_csv(text: str) -> dict[str, float]:
     """Metric values of the (single) profiled kernel from `ncu --csv --page raw` output."""
     rows = list(csv.reader(io.StringIO("\n".join(ln for ln in text.splitlines() if ln[:1] == '"'))))
@@ -225,6 +212,124 @@ def run_ncu(ncu: str, name: str, metrics: list[str], cache_control: str) -> dict
         rejected += bad
         wanted = [m for m in wanted if m not in bad]
     return {"error": "ncu kept rejecting metrics", "rejected": rejected, "seconds": 0.0}
+
+
+PAPER_CPP = "torch::Tensor vector_add_forward(torch::Tensor a, torch::Tensor b);"
+PAPER_LAUNCHER = r"""
+#include <torch/extension.h>
+__global__ void vector_add(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+torch::Tensor vector_add_forward(torch::Tensor a, torch::Tensor b) {
+    auto c = torch::empty_like(a);
+    int n = a.numel();
+    vector_add<<<(n + 255) / 256, 256>>>(a.data_ptr<float>(), b.data_ptr<float>(),
+                                          c.data_ptr<float>(), n);
+    return c;
+}
+"""
+
+
+def paper_child(build_dir: str) -> None:
+    """The paper's profiled script: build the candidate with load_inline, run it once."""
+    import torch
+    from torch.utils.cpp_extension import load_inline
+
+    ext = load_inline(
+        name="cf_paper_vector_add", cpp_sources=PAPER_CPP, cuda_sources=PAPER_LAUNCHER,
+        functions=["vector_add_forward"], build_directory=build_dir, verbose=False,
+    )  # fmt: skip
+    n = 1 << 24
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    ext.vector_add_forward(a, b)
+    torch.cuda.synchronize()
+
+
+def paper_ncu(ncu: str, metrics: list[str], rejected: list[str]) -> dict:
+    """Wall time of ncu over the paper-style script (a new candidate: empty build directory)."""
+    import tempfile
+
+    wanted = [m for m in metrics if m not in rejected]
+    with tempfile.TemporaryDirectory() as build_dir:
+        cmd = [
+            ncu, "--metrics", ",".join(wanted), "--csv", "--page", "raw", "--print-units", "base",
+            "--kernel-name", "vector_add", "--launch-count", "1",
+            sys.executable, os.path.abspath(__file__), "--paper-child", build_dir,
+        ]  # fmt: skip
+        started = time.perf_counter()
+        run = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+    values = parse_ncu_csv(run.stdout)
+    out = {"seconds": seconds, "metrics_read": len(values), "returncode": run.returncode}
+    if not values:
+        out["error"] = (run.stdout + run.stderr)[-3000:]
+    return out
+
+
+def ours_new_candidate(repeats: int) -> list[float]:
+    """cudaforge on a new candidate: an NVRTC compile that misses the cache, then the warm
+    24-metric profile of its forward."""
+    import torch
+
+    import cudaforge
+    import cudaforge.profiler as prof
+
+    n = 1 << 24
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    c = torch.empty_like(a)
+    runs = []
+    for i in range(repeats + 1):
+        started = time.perf_counter()
+        src = SOURCES["vector_add"] + f"\n// candidate {time.time_ns()} {i}\n"
+        kernel = cudaforge.compile(src).kernel("vector_add")
+        prof.profile_forward(
+            lambda k=kernel: k(((n + 255) // 256,), (256,), (a, b, c, n)),
+            kernels={"vector_add": kernel}, min_bytes=12 * n,
+        )  # fmt: skip
+        if i:  # the first one warms the process (contexts, host objects, ceilings)
+            runs.append(time.perf_counter() - started)
+    return runs
+
+
+def diagnose() -> list[dict]:
+    """Profiler.profile() variants on one vector add: where the pass time goes."""
+    import torch
+
+    import cudaforge
+    import cudaforge.profiler as prof
+    from cudaforge import _core
+
+    kernel = cudaforge.compile(SOURCES["vector_add"]).kernel("vector_add")
+    plan = prof.check_metrics(prof.METRICS, "GH100")
+    rows = []
+    for n in (1 << 10, 1 << 24):
+        a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        c = torch.empty_like(a)
+
+        def forward(a=a, b=b, c=c, n=n):
+            kernel(((n + 255) // 256,), (256,), (a, b, c, n))
+
+        for label, collect, replay, names in [
+            ("24 metrics, user replay, named", plan.collect, "user", True),
+            ("24 metrics, user replay, unnamed", plan.collect, "user", False),
+            ("24 metrics, kernel replay, unnamed", plan.collect, "kernel", False),
+            ("1 metric, user replay, unnamed", ["gpu__time_duration.sum"], "user", False),
+            ("1 metric, kernel replay, unnamed", ["gpu__time_duration.sum"], "kernel", False),
+        ]:
+            p = _core.Profiler(collect, device=0)
+            p.profile(forward, replay=replay, names=names)  # warm
+            started = time.perf_counter()
+            p.profile(forward, replay=replay, names=names)
+            whole = time.perf_counter() - started
+            run = p.last_run
+            row = {"n": n, "variant": label, "passes": p.passes, "whole_s": whole, **run}
+            rows.append(row)
+            secs = {k: round(v * 1e3, 1) for k, v in run["seconds"].items()}
+            per = {k: round(v * 1e3, 1) for k, v in run["pass_seconds"].items()}
+            print(f"diagnose n={n} {label}: {p.passes} passes, whole {whole * 1e3:.1f} ms, "
+                  f"phases ms {secs}, pass loop ms {per}", flush=True)  # fmt: skip
+    return rows
 
 
 def child(name: str) -> None:
@@ -333,6 +438,18 @@ def markdown(report: dict) -> str:
             f"| {k['name']} | {lat['ours_s']:.3f} | {lat['range_profiler_s']:.3f} | "
             f"{lat.get('ncu_s', float('nan')):.2f} | {speed} |"
         )
+    paper = report.get("paper_way")
+    if paper:
+        speed = f"{paper['speedup']:.1f}x" if paper.get("speedup") else "-"
+        lines += [
+            "",
+            (
+                "The paper's way for a new candidate (vector_add): ncu over a fresh Python that "
+                f"builds it with load_inline: {paper['seconds']:.1f} s ({paper['metrics_read']} "
+                f"values read); cudaforge, NVRTC compile + profile: {paper['ours_s']:.3f} s; "
+                f"speedup {speed}."
+            ),
+        ]
     lines += [
         "",
         "## Fidelity (within 5% or 1 percentage point of ncu)",
@@ -366,10 +483,16 @@ def main() -> int:
     parser.add_argument("--ncu-cache-control", default="none", choices=["none", "all"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--record-fixture")
+    parser.add_argument("--paper-ncu", action="store_true")
+    parser.add_argument("--diagnose", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--paper-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child)
+        return 0
+    if args.paper_child:
+        paper_child(args.paper_child)
         return 0
 
     import torch
@@ -396,6 +519,8 @@ def main() -> int:
         "plan": plan.to_dict(),
         "kernels": [],
     }
+    if args.diagnose:
+        report["diagnose"] = diagnose()
     for name in args.kernels.split(","):
         forward, kernel, min_bytes, flops = setup(name)
         common = {"kernels": {name: kernel}, "min_bytes": min_bytes, "flops": flops}
@@ -432,6 +557,16 @@ def main() -> int:
         print(f"{name}: ours {entry['latency']['ours_s']:.3f} s, ncu "
               f"{entry['latency'].get('ncu_s', float('nan')):.2f} s, range profiler phases "
               f"{result.profile_phases}", flush=True)  # fmt: skip
+    if args.paper_ncu and ncu:
+        runs = ours_new_candidate(args.repeats)
+        rejected = next((k.get("ncu_run", {}).get("rejected", []) for k in report["kernels"]), [])
+        theirs = paper_ncu(ncu, ncu_metrics, rejected)
+        report["paper_way"] = {"ours_s": statistics.median(runs), "ours_all_s": runs, **theirs}
+        if not theirs.get("error"):
+            report["paper_way"]["speedup"] = theirs["seconds"] / statistics.median(runs)
+        print(f"paper way (vector_add, new candidate): ncu + load_inline {theirs['seconds']:.1f} s"
+              f" ({theirs['metrics_read']} values), cudaforge compile + profile "
+              f"{statistics.median(runs):.3f} s", flush=True)  # fmt: skip
     compared = [r for k in report["kernels"] for r in k["fidelity"] if r["ok"] is not None]
     speedups = [k["latency"]["speedup"] for k in report["kernels"] if k["latency"].get("speedup")]
     report["summary"] = {

@@ -842,12 +842,13 @@ static double seconds_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* profile(fn, max_kernels=256, replay="kernel") -> list of dict(range, name, metrics)
+/* profile(fn, max_kernels=256, replay="kernel", names=True) -> list of dict(range, name, metrics)
  *
  * replay="kernel": CUPTI replays each launch inside one call of fn, saving and restoring the
  * memory it may write (fn runs once; the cost grows with the memory the context holds).
  * replay="user": fn runs once per pass (it must launch the same kernels each time; nothing is
- * restored between passes), which avoids the memory save and restore. */
+ * restored between passes), which avoids the memory save and restore.
+ * names=False skips the activity trace that names the ranges (their names are then None). */
 static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     cf_profiler *p = (cf_profiler *)self;
@@ -855,7 +856,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     PyObject *fn, *result = NULL;
     Py_ssize_t max_kernels = 256;
     const char *replay = "kernel";
-    static char *kwlist[] = {"fn", "max_kernels", "replay", NULL};
+    int names = 1;
+    static char *kwlist[] = {"fn", "max_kernels", "replay", "names", NULL};
     profile_run run = {0};
     size_t calls = 0, dropped_ranges = 0, n_ranges = 0;
     int all_submitted = 0, named = 0;
@@ -865,8 +867,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     CUcontext ctx = NULL;
 
     if (st == NULL || check_ready(p) < 0 ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|ns:profile", kwlist, &fn, &max_kernels,
-                                     &replay))
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|nsp:profile", kwlist, &fn, &max_kernels,
+                                     &replay, &names))
         return NULL;
     int user_replay = strcmp(replay, "user") == 0;
     if (!user_replay && strcmp(replay, "kernel") != 0) {
@@ -907,6 +909,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     }
     p->busy = 1;
     double t_start = seconds_now(), t_setup = 0, t_passes = 0, t_decode = 0;
+    /* where the pass loop spends its time, summed over the passes */
+    double t_begin = 0, t_call = 0, t_sync = 0, t_end = 0, t_mark;
     CF_CU(cf_cu.cuCtxGetCurrent(&ctx));
 
     CUpti_RangeProfiler_Enable_Params on = {
@@ -957,7 +961,9 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
 
     /* Kernel names: a trace of the same launches. Best effort: a trace already running (the
      * caller is timing) leaves the ranges unnamed, with the reason in last_run. */
-    if (cf_trace_begin(st) == 0) {
+    if (!names) {
+        names_note = "kernel names not asked for (names=False)";
+    } else if (cf_trace_begin(st) == 0) {
         run.tracing = 1;
     } else {
         PyObject *type, *value, *tb;
@@ -989,20 +995,28 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
             .structSize = CUpti_RangeProfiler_Start_Params_STRUCT_SIZE,
             .pRangeProfilerObject = run.object,
         };
+        t_mark = seconds_now();
         CF_CUPTI(cf_cupti.cuptiRangeProfilerStart(&start));
         run.started = 1;
+        t_begin += seconds_now() - t_mark;
+        t_mark = seconds_now();
         PyObject *r = PyObject_CallNoArgs(fn);
         calls++;
         if (r == NULL)
             goto error;
         Py_DECREF(r);
+        t_call += seconds_now() - t_mark;
+        t_mark = seconds_now();
         CF_CU_NOGIL(cf_cu.cuCtxSynchronize());
+        t_sync += seconds_now() - t_mark;
+        t_mark = seconds_now();
         CUpti_RangeProfiler_Stop_Params stop = {
             .structSize = CUpti_RangeProfiler_Stop_Params_STRUCT_SIZE,
             .pRangeProfilerObject = run.object,
         };
         run.started = 0;
         CF_CUPTI_NOGIL(cf_cupti.cuptiRangeProfilerStop(&stop));
+        t_end += seconds_now() - t_mark;
         all_submitted = stop.isAllPassSubmitted;
         /* the first pass names the kernels; later passes repeat the same launches */
         if (user_replay && end_trace(st, &run, note_buf, sizeof note_buf, &names_note) < 0)
@@ -1075,12 +1089,14 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         PyList_SET_ITEM(result, (Py_ssize_t)r, d);
     }
     Py_XSETREF(p->last_run,
-               Py_BuildValue("{s:s,s:n,s:n,s:n,s:n,s:z,s:{s:d,s:d,s:d,s:d}}", "replay", replay,
-                             "calls", (Py_ssize_t)calls, "passes", (Py_ssize_t)p->passes, "ranges",
-                             (Py_ssize_t)n_ranges, "ranges_dropped", (Py_ssize_t)dropped_ranges,
-                             "names_note", names_note, "seconds", "setup", t_setup - t_start,
-                             "passes", t_passes - t_setup, "decode", t_decode - t_passes,
-                             "evaluate", seconds_now() - t_decode));
+               Py_BuildValue("{s:s,s:n,s:n,s:n,s:n,s:z,s:{s:d,s:d,s:d,s:d},s:{s:d,s:d,s:d,s:d}}",
+                             "replay", replay, "calls", (Py_ssize_t)calls, "passes",
+                             (Py_ssize_t)p->passes, "ranges", (Py_ssize_t)n_ranges,
+                             "ranges_dropped", (Py_ssize_t)dropped_ranges, "names_note", names_note,
+                             "seconds", "setup", t_setup - t_start, "passes", t_passes - t_setup,
+                             "decode", t_decode - t_passes, "evaluate", seconds_now() - t_decode,
+                             "pass_seconds", "start", t_begin, "call", t_call, "sync", t_sync,
+                             "stop", t_end));
     if (p->last_run == NULL)
         goto error;
     if (dropped_ranges > 0 &&
@@ -1153,15 +1169,20 @@ static PyGetSetDef profiler_getset[] = {
     {"passes", profiler_get_passes, NULL, "Replay passes per kernel for these metrics.", NULL},
     {"device", profiler_get_device, NULL, "The device profiled, None when offline.", NULL},
     {"last_run", profiler_get_last_run, NULL,
-     "About the last profile(): calls of fn, passes, ranges, ranges_dropped, names_note.", NULL},
+     "About the last profile(): calls of fn, passes, ranges, ranges_dropped, names_note, "
+     "seconds (setup, passes, decode, evaluate) and pass_seconds (start, call, sync, stop summed "
+     "over the passes).",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyMethodDef profiler_methods[] = {
     {"profile", (PyCFunction)(void (*)(void))profiler_profile, METH_VARARGS | METH_KEYWORDS,
-     "profile(fn, max_kernels=256) -> list of {range, name, metrics}: one entry per kernel "
-     "launched by fn() (called once; kernel replay runs each kernel once per pass and restores "
-     "its memory in between). Raises ProfilerError (.reason) when counters are unavailable."},
+     "profile(fn, max_kernels=256, replay='kernel', names=True) -> list of {range, name, "
+     "metrics}: one entry per kernel launched by fn(). replay='kernel' calls fn once and replays "
+     "each kernel once per pass, restoring its memory; replay='user' calls fn once per pass. "
+     "names=False leaves the names None (no activity trace). Raises ProfilerError (.reason) "
+     "when counters are unavailable."},
     {"base_metrics", (PyCFunction)(void (*)(void))profiler_base_metrics,
      METH_VARARGS | METH_KEYWORDS,
      "base_metrics(type=None) -> the chip's base metric names: a list for type 'counter', "

@@ -342,3 +342,20 @@ def test_user_replay_calls_fn_once_per_pass_and_agrees_with_kernel_replay(mod, m
     assert abs(u[SM_THROUGHPUT] - k[SM_THROUGHPUT]) < 5
     with pytest.raises(ValueError, match="replay must be"):
         profiler.profile(forward, replay="app")
+
+
+def test_unnamed_profile_and_pass_timing(mod, matmul_case):
+    """names=False skips the naming trace (names None, the reason stated); last_run splits the
+    pass loop into start / call / sync / stop, which together stay within the pass phase."""
+    mm, *_ = matmul_case
+    profiler = _core.Profiler(["gpu__time_duration.sum", SM_THROUGHPUT], device=0)
+    ranges = profiler.profile(mm, replay="user", names=False)
+    run = profiler.last_run
+    assert len(ranges) == 1 and ranges[0]["name"] is None
+    assert "names=False" in run["names_note"]
+    parts = run["pass_seconds"]
+    assert set(parts) == {"start", "call", "sync", "stop"}
+    assert all(v >= 0 for v in parts.values())
+    assert 0 < sum(parts.values()) <= run["seconds"]["passes"] * 1.01
+    with pytest.raises(TypeError):
+        profiler.profile(mm, names="yes please", bogus=1)
