@@ -285,7 +285,7 @@ def ours_new_candidate(repeats: int) -> list[float]:
         kernel = cudaforge.compile(src).kernel("vector_add")
         prof.profile_forward(
             lambda k=kernel: k(((n + 255) // 256,), (256,), (a, b, c, n)),
-            kernels={"vector_add": kernel}, min_bytes=12 * n,
+            kernels={"vector_add": kernel}, min_bytes=12 * n, keep_enabled=True,
         )  # fmt: skip
         if i:  # the first one warms the process (contexts, host objects, ceilings)
             runs.append(time.perf_counter() - started)
@@ -310,21 +310,26 @@ def diagnose() -> list[dict]:
         def forward(a=a, b=b, c=c, n=n):
             kernel(((n + 255) // 256,), (256,), (a, b, c, n))
 
-        for label, collect, replay, names in [
-            ("24 metrics, user replay, named", plan.collect, "user", True),
-            ("24 metrics, user replay, unnamed", plan.collect, "user", False),
-            ("24 metrics, kernel replay, unnamed", plan.collect, "kernel", False),
-            ("1 metric, user replay, unnamed", ["gpu__time_duration.sum"], "user", False),
-            ("1 metric, kernel replay, unnamed", ["gpu__time_duration.sum"], "kernel", False),
+        one = ["gpu__time_duration.sum"]
+        for label, collect, replay, names, keep in [
+            ("24 metrics, user replay, named", plan.collect, "user", True, False),
+            ("24 metrics, user replay, unnamed", plan.collect, "user", False, False),
+            ("24 metrics, kernel replay, unnamed", plan.collect, "kernel", False, False),
+            ("1 metric, user replay, unnamed", one, "user", False, False),
+            ("1 metric, kernel replay, unnamed", one, "kernel", False, False),
+            ("24 metrics, user replay, named, kept enabled", plan.collect, "user", True, True),
+            ("24 metrics, kernel replay, named, kept enabled", plan.collect, "kernel", True, True),
+            ("1 metric, user replay, unnamed, kept enabled", one, "user", False, True),
         ]:
             p = _core.Profiler(collect, device=0)
-            p.profile(forward, replay=replay, names=names)  # warm
+            p.profile(forward, replay=replay, names=names, keep=keep)  # warm
             started = time.perf_counter()
-            p.profile(forward, replay=replay, names=names)
+            p.profile(forward, replay=replay, names=names, keep=keep)
             whole = time.perf_counter() - started
             run = p.last_run
             row = {"n": n, "variant": label, "passes": p.passes, "whole_s": whole, **run}
             rows.append(row)
+            _core.profiler_release()
             secs = {k: round(v * 1e3, 1) for k, v in run["seconds"].items()}
             per = {k: round(v * 1e3, 1) for k, v in run["pass_seconds"].items()}
             print(f"diagnose n={n} {label}: {p.passes} passes, whole {whole * 1e3:.1f} ms, "
@@ -523,7 +528,13 @@ def main() -> int:
         report["diagnose"] = diagnose()
     for name in args.kernels.split(","):
         forward, kernel, min_bytes, flops = setup(name)
-        common = {"kernels": {name: kernel}, "min_bytes": min_bytes, "flops": flops}
+        # as in a warm worker: the Range Profiler stays enabled between profiles
+        common = {
+            "kernels": {name: kernel},
+            "min_bytes": min_bytes,
+            "flops": flops,
+            "keep_enabled": True,
+        }
         prof.profile_forward(forward, **common)  # warm: compile, contexts, ceilings, host objects
         runs, range_s = [], []
         for _ in range(args.repeats):

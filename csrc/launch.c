@@ -572,9 +572,15 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *argv, size_t
     CUstream stream = resolve_stream(st, slot[4], dev, &ok);
     if (!ok)
         goto error;
+    /* While a CUPTI trace runs, tag the launch with the kernel's name (see cf_trace_tag) */
+    uint64_t tag = cf_trace_tag(PyUnicode_AsUTF8(k->name));
+    if (tag != 0 && cf_trace_push(st, tag) < 0)
+        goto error;
     CUresult status =
         cf_cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                              (unsigned int)shared_mem, stream, params, NULL);
+    if (tag != 0 && cf_trace_pop(st) < 0)
+        goto error;
     if (status != CUDA_SUCCESS) {
         char call[256];
         snprintf(call, sizeof call,

@@ -723,6 +723,11 @@ def _ptxas_for(resources: dict[str, dict[str, int]] | None, name: str) -> dict[s
     return next((v for k, v in resources.items() if name.startswith(k) or k in name), {})
 
 
+# Whether profile_forward leaves the Range Profiler enabled between calls by default: the worker
+# processes (cudaforge.worker) turn it on; they profile many candidates and nothing else.
+KEEP_ENABLED = False
+
+
 def profile_forward(
     fn: Callable[[], Any],
     *,
@@ -739,6 +744,7 @@ def profile_forward(
     max_kernels: int = 256,
     ceilings: bool | dict[str, Any] = True,
     replay: str = "user",
+    keep_enabled: bool | None = None,
 ) -> ForwardProfile:
     """Profile one forward `fn()` on `device`: timing (CUPTI activity + CUDA events), hardware
     `metrics` per kernel (Range Profiler), static facts, occupancy and a roofline line.
@@ -747,6 +753,10 @@ def profile_forward(
       the same kernels each call, as a forward on fixed inputs does), falling back to "kernel"
       if CUPTI refuses; "kernel" runs fn once and CUPTI replays each launch, saving and
       restoring the memory it may write.
+    - `keep_enabled`: leave the Range Profiler enabled on the context between calls (a warm
+      worker's profile then skips the ~0.4 s first start; `_core.profiler_release()` ends it).
+      Default: KEEP_ENABLED, which the evaluation workers set; off in the user's process, where
+      torch.profiler or Nsight may want the counters next.
 
     - `min_bytes`: the fewest DRAM bytes the problem needs (inputs read + outputs written), for
       the forward's speed-of-light time; `flops`: FLOPs of the forward, or {kernel name: FLOPs}.
@@ -759,6 +769,8 @@ def profile_forward(
 
     Never raises for missing counters: the result's `reason` says what is missing and why."""
     device = _device_index(device)
+    if keep_enabled is None:
+        keep_enabled = KEEP_ENABLED
     with _torch().cuda.device(device):
         return _profile_forward(
             fn,
@@ -775,6 +787,7 @@ def profile_forward(
             max_kernels=max_kernels,
             ceilings=ceilings,
             replay=replay,
+            keep_enabled=keep_enabled,
         )
 
 
@@ -794,6 +807,7 @@ def _profile_forward(
     max_kernels: int,
     ceilings: bool | dict[str, Any],
     replay: str,
+    keep_enabled: bool,
 ) -> ForwardProfile:
     _prepare(device)
     own = set(own) | set(kernels or {}) | set(resources or {})
@@ -814,11 +828,12 @@ def _profile_forward(
         prof = _profiler(device, plan.collect)
         started = time.perf_counter()
         try:
-            ranges = prof.profile(fn, max_kernels=max_kernels, replay=replay)
+            ranges = prof.profile(fn, max_kernels=max_kernels, replay=replay, keep=keep_enabled)
         except ProfilerError as exc:
-            if replay != "user":
+            if replay != "user" and not keep_enabled:
                 raise
-            notes.append(f"user replay refused ({exc}); kernel replay used")
+            kept = ", kept enabled," if keep_enabled else ""
+            notes.append(f"{replay} replay{kept} refused ({exc}); kernel replay per call used")
             started = time.perf_counter()
             ranges = prof.profile(fn, max_kernels=max_kernels, replay="kernel")
         profile_s = time.perf_counter() - started

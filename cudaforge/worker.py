@@ -588,7 +588,10 @@ def _child(requests: int, results: int, index: int, parent: int) -> None:
     import torch.nn.functional
     import torch.utils.cpp_extension
 
+    from . import profiler
     from .evaluate import run_evaluation
+
+    profiler.KEEP_ENABLED = True  # this process profiles candidates and nothing else
 
     device = "cpu"
     if torch.cuda.is_available():

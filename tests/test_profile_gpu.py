@@ -5,6 +5,7 @@ Run: pytest -m gpu tests/test_profile_gpu.py -v -s   (-s shows which coexistence
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -359,3 +360,45 @@ def test_unnamed_profile_and_pass_timing(mod, matmul_case):
     assert 0 < sum(parts.values()) <= run["seconds"]["passes"] * 1.01
     with pytest.raises(TypeError):
         profiler.profile(mm, names="yes please", bogus=1)
+
+
+def test_kept_range_profiler_is_reused_and_released(mod, matmul_case):
+    """keep=True leaves the Range Profiler enabled: the next keep=True call (any Profiler on the
+    context) reuses it with the same counts, timing still works meanwhile, and release ends it."""
+    mm, *_ = matmul_case
+    _core.profiler_release()
+    profiler = _core.Profiler(["gpu__time_duration.sum", "sm__inst_executed.sum"], device=0)
+    first = profiler.profile(mm, replay="user", keep=True)
+    assert profiler.last_run["reused_enabled"] is False
+    second = profiler.profile(mm, replay="user", keep=True)
+    assert profiler.last_run["reused_enabled"] is True
+    inst = "sm__inst_executed.sum"
+    assert second[0]["metrics"][inst] == pytest.approx(first[0]["metrics"][inst], rel=0.01)
+    other = _core.Profiler([DRAM], device=0)
+    assert other.profile(mm, replay="kernel", keep=True)[0]["metrics"][DRAM] > 0
+    assert other.last_run["reused_enabled"] is True
+    timing = prof.time_forward(mm, iterations=3)
+    assert [k.name for k in timing.kernels] == ["matmul_naive"]
+    assert _core.profiler_release() is True
+    assert _core.profiler_release() is False
+    profiler.profile(mm, replay="user")
+    assert profiler.last_run["reused_enabled"] is False
+
+
+def test_trace_names_survive_module_reuse():
+    """CUPTI caches a kernel's name per function handle; a module unloaded while no trace runs
+    leaves its handles to the next module (on the H200 a transpose was reported as 'relu'). Our
+    launches are tagged, so each record keeps the name it was launched under."""
+    x = torch.zeros(1024, device="cuda")
+    seen = []
+    for i in range(24):
+        name = f"fill_{i}"
+        src = f'extern "C" __global__ void {name}(float* x) {{ x[threadIdx.x] = {i}.0f; }}'
+        compiled = cudaforge.compile(src)
+        _core.timing_start()
+        compiled.kernel(name)((1,), (32,), (x,))
+        seen.append([r["name"] for r in _core.timing_stop()])
+        assert x[0].item() == i
+        del compiled
+        gc.collect()
+    assert seen == [[f"fill_{i}"] for i in range(24)]
