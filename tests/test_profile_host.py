@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import ClassVar
 
 import pytest
 
@@ -323,10 +324,13 @@ class _FakeProfiler:
         self.replays = []
         self.last_run = {"names_note": None if self.named else "kernel names unavailable: test"}
 
-    def profile(self, fn, max_kernels=256, replay="kernel"):
+    kept: ClassVar[list[bool]] = []
+
+    def profile(self, fn, max_kernels=256, replay="kernel", keep=False):
         for _ in range(self.passes if replay == "user" else 1):
             fn()
         self.replays.append(replay)
+        _FakeProfiler.kept.append(keep)
         names = ["add", "matmul", "add"]
         out = []
         for i, name in enumerate(names):
@@ -377,11 +381,18 @@ def fake_gpu(monkeypatch, host_api):
     monkeypatch.setattr(prof, "_prepare", lambda device: None)
     monkeypatch.setattr(prof, "_core", fake)
     monkeypatch.setattr(prof, "_profilers", {})
-    _FakeProfiler.named, _FakeProfiler.refuse = True, None
+    _FakeProfiler.named, _FakeProfiler.refuse, _FakeProfiler.kept = True, None, []
     return fake
 
 
 CEILINGS = {"dram_bytes_per_s": 4e12, "fp32_flops_per_s": 5e13, "bf16_tensor_flops_per_s": 6e14}
+
+
+def test_workers_keep_the_range_profiler_enabled(fake_gpu, monkeypatch):
+    monkeypatch.setattr(prof, "KEEP_ENABLED", True)  # what cudaforge.worker sets
+    prof.profile_forward(lambda: None, ceilings=False)
+    prof.profile_forward(lambda: None, ceilings=False, keep_enabled=False)
+    assert _FakeProfiler.kept == [True, False]
 
 
 @pytest.mark.parametrize("named", [True, False])
@@ -392,6 +403,7 @@ def test_profile_forward_assembles_kernels(fake_gpu, named):
         lambda: calls.append(1), ceilings=CEILINGS, min_bytes=4_000_000, flops={"matmul": 2e9}
     )
     assert len(calls) == 2 + 10 + 6  # warm-up, timed iterations, one call per profiler pass
+    assert _FakeProfiler.kept[-1] is False  # the user's process does not keep it enabled
     assert result.reason is None and result.chip == "GH100" and result.passes == 6
     assert [k.name for k in result.kernels] == ["matmul", "add"]  # by time per forward
     matmul, add = result.kernels
