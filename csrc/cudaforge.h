@@ -110,6 +110,7 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(cuptiActivityGetNextRecord)                                                                  \
     X(cuptiActivityGetNumDroppedRecords)                                                           \
     X(cuptiActivityPushExternalCorrelationId)                                                      \
+    X(cuptiActivityEnableDriverApi)                                                                \
     X(cuptiActivityPopExternalCorrelationId)                                                       \
     /* metrics.c */                                                                                \
     X(cuptiProfilerInitialize)                                                                     \

@@ -907,8 +907,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     CUcontext ctx = NULL;
 
     if (st == NULL || check_ready(p) < 0 ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|nsp:profile", kwlist, &fn, &max_kernels,
-                                     &replay, &names))
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|nspp:profile", kwlist, &fn, &max_kernels,
+                                     &replay, &names, &keep))
         return NULL;
     int user_replay = strcmp(replay, "user") == 0;
     if (!user_replay && strcmp(replay, "kernel") != 0) {

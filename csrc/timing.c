@@ -33,6 +33,7 @@ static struct {
     uint64_t dropped_over_limit;
     uint64_t buffers;
     int mode;
+    int tagging; /* launch tags are recorded in this trace */
     /* Kernel names, interned for the life of the process: a record's name pointer belongs to
      * CUPTI and may not outlive the module that holds the kernel. */
     char **names;
@@ -195,6 +196,23 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 
 /* ---------------------------------------------------------------- sessions */
 
+/* The driver calls launch.c launches with (cuGetProcAddress may hand out either). */
+static const CUpti_CallbackId launch_cbids[] = {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+                                                CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz};
+
+/* Stop the launch tags' records; the first failure is returned, every step is tried. */
+static CUptiResult tags_off(void)
+{
+    CUptiResult first = CUPTI_SUCCESS, status;
+    for (size_t i = 0; i < sizeof launch_cbids / sizeof *launch_cbids; i++) {
+        status = cf_cupti.cuptiActivityEnableDriverApi(launch_cbids[i], 0);
+        if (first == CUPTI_SUCCESS)
+            first = status;
+    }
+    status = cf_cupti.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+    return first == CUPTI_SUCCESS ? status : first;
+}
+
 static int begin(cf_state *st, int mode, size_t max_records)
 {
     if (trace.mode != IDLE) {
@@ -224,11 +242,14 @@ static int begin(cf_state *st, int mode, size_t max_records)
     CF_CUPTI(cf_cupti.cuptiActivityRegisterTimestampCallback(monotonic_ns));
     CF_CUPTI(cf_cupti.cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
     CF_CUPTI(cf_cupti.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    /* Launch tags: CUPTI emits an external correlation record beside an API record, so the
+     * driver API records of the launch calls launch.c makes are switched on, and no others. */
     CUptiResult tags = cf_cupti.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
-    if (tags != CUPTI_SUCCESS) {
-        cf_cupti.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-        CF_CUPTI(tags);
-    }
+    for (size_t i = 0; tags == CUPTI_SUCCESS && i < sizeof launch_cbids / sizeof *launch_cbids; i++)
+        tags = cf_cupti.cuptiActivityEnableDriverApi(launch_cbids[i], 1);
+    trace.tagging = tags == CUPTI_SUCCESS;
+    if (!trace.tagging)
+        tags_off(); /* best effort: without tags the records keep CUPTI's names */
     trace.mode = mode;
     return 0;
 error:
@@ -260,13 +281,14 @@ static int end(cf_state *st, int synchronize)
     flushed = cf_cupti.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     Py_END_ALLOW_THREADS
     disabled = cf_cupti.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-    CUptiResult tags_off = cf_cupti.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+    CUptiResult untagged = trace.tagging ? tags_off() : CUPTI_SUCCESS;
+    trace.tagging = 0;
     trace.mode = IDLE;
     if (failed)
         return -1;
     CF_CUPTI(flushed);
     CF_CUPTI(disabled);
-    CF_CUPTI(tags_off);
+    CF_CUPTI(untagged);
     return 0;
 error:
     return -1;
@@ -324,7 +346,7 @@ static cf_kernel_record *take_records(size_t *count, uint64_t *dropped)
 
 uint64_t cf_trace_tag(const char *name)
 {
-    if (trace.mode == IDLE || name == NULL)
+    if (trace.mode == IDLE || !trace.tagging || name == NULL)
         return 0;
     pthread_mutex_lock(&trace.lock);
     const char *interned = intern_name(name);

@@ -419,6 +419,8 @@ def test_options_resolve_tolerances_and_refuse_unknowns():
         make_options(ignore_guards=["speed"])
     with pytest.raises(ValueError):
         make_options(trials=0)
+    with pytest.raises(ValueError, match="warmup_s"):
+        make_options(warmup_s=-1)
 
 
 def test_check_outputs_handles_special_values_and_exact_dtypes():

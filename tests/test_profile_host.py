@@ -440,3 +440,15 @@ def test_profile_forward_without_counters(fake_gpu):
         dram = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
         assert "insufficient_privileges" in k.unavailable[dram]
         assert k.roofline is None
+
+
+def test_profile_keywords_parse_before_the_device_check(host_api):
+    """profile()'s keywords (names, keep) are parsed in C before anything touches a GPU: an
+    offline Profiler refuses with its own reason, not an argument error."""
+    p = _core.Profiler(["dram__bytes_read.sum"], chip="GH100")
+    for kw in ({}, {"keep": True}, {"names": False, "keep": True, "replay": "user"}):
+        with pytest.raises(ValueError, match="offline"):
+            p.profile(lambda: None, max_kernels=3, **kw)
+    with pytest.raises(TypeError):
+        p.profile(lambda: None, keep=True, bogus=1)
+    assert _core.profiler_release() is False  # nothing was enabled
