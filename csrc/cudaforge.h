@@ -109,9 +109,6 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(cuptiActivityFlushAll)                                                                       \
     X(cuptiActivityGetNextRecord)                                                                  \
     X(cuptiActivityGetNumDroppedRecords)                                                           \
-    X(cuptiActivityPushExternalCorrelationId)                                                      \
-    X(cuptiActivityEnableDriverApi)                                                                \
-    X(cuptiActivityPopExternalCorrelationId)                                                       \
     /* metrics.c */                                                                                \
     X(cuptiProfilerInitialize)                                                                     \
     X(cuptiProfilerDeviceSupported)                                                                \
@@ -259,16 +256,6 @@ typedef struct {
  * handing over a malloc'ed array of records sorted by correlation id (free with free()). */
 int cf_trace_begin(cf_state *st);
 int cf_trace_end(cf_state *st, cf_kernel_record **records, size_t *count, uint64_t *dropped);
-
-/* For launch.c: while a trace runs (cf_trace_tag() returns nonzero), a launch of our own kernel
- * is wrapped in cf_trace_push(tag) / cf_trace_pop(), and its records take the name the kernel was
- * launched under. CUPTI's own name for a record can be stale: it caches names per function
- * handle, and a module unloaded while no trace ran leaves its handles to be reused by the next
- * module (seen on the H200: a transpose kernel reported as "relu"). 0 from cf_trace_tag() means
- * no trace (or no memory): launch untagged. The push/pop return -1 with an exception set. */
-uint64_t cf_trace_tag(const char *name);
-int cf_trace_push(cf_state *st, uint64_t tag);
-int cf_trace_pop(cf_state *st);
 
 /* metrics.c: after a CF_CUPTI failure, rewrite the pending ProfilerError's message with the way
  * out (the privileges knob, the other subscriber, ...) and set .reason accordingly. */

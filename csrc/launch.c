@@ -44,6 +44,22 @@ static int module_traverse(PyObject *self, visitproc visit, void *arg)
     return 0;
 }
 
+/* Modules are unloaded late: CUPTI names activity records by function handle, and a handle freed
+ * by one module and handed to the next made the next one's kernels carry the old names (seen on
+ * the H200: a transpose kernel reported as "relu"). The last RETIRED_MODULES stay loaded, so a
+ * handle is reused only after that many modules; their memory is a few KB to a few MB each. */
+#define RETIRED_MODULES 256
+static CUmodule retired[RETIRED_MODULES];
+static size_t retired_next;
+
+static void unload(CUmodule module)
+{
+    CUresult status = cf_cu.cuModuleUnload(module);
+    if (status != CUDA_SUCCESS && !cf_is_sticky(status) && status != CUDA_ERROR_DEINITIALIZED)
+        PyErr_WarnFormat(PyExc_ResourceWarning, 1, "cuModuleUnload failed with CUDA error %d",
+                         (int)status);
+}
+
 static void module_dealloc(PyObject *self)
 {
     cf_module *mod = (cf_module *)self;
@@ -55,11 +71,10 @@ static void module_dealloc(PyObject *self)
         for (int d = 0; d < CF_MAX_DEVICES; d++) {
             if (mod->loaded[d] == NULL)
                 continue;
-            CUresult status = cf_cu.cuModuleUnload(mod->loaded[d]);
-            if (status != CUDA_SUCCESS && !cf_is_sticky(status) &&
-                status != CUDA_ERROR_DEINITIALIZED)
-                PyErr_WarnFormat(PyExc_ResourceWarning, 1,
-                                 "cuModuleUnload failed with CUDA error %d", (int)status);
+            if (retired[retired_next] != NULL)
+                unload(retired[retired_next]);
+            retired[retired_next] = mod->loaded[d];
+            retired_next = (retired_next + 1) % RETIRED_MODULES;
         }
     }
     Py_CLEAR(mod->image);
@@ -572,15 +587,9 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *argv, size_t
     CUstream stream = resolve_stream(st, slot[4], dev, &ok);
     if (!ok)
         goto error;
-    /* While a CUPTI trace runs, tag the launch with the kernel's name (see cf_trace_tag) */
-    uint64_t tag = cf_trace_tag(PyUnicode_AsUTF8(k->name));
-    if (tag != 0 && cf_trace_push(st, tag) < 0)
-        goto error;
     CUresult status =
         cf_cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                              (unsigned int)shared_mem, stream, params, NULL);
-    if (tag != 0 && cf_trace_pop(st) < 0)
-        goto error;
     if (status != CUDA_SUCCESS) {
         char call[256];
         snprintf(call, sizeof call,

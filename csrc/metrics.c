@@ -401,6 +401,8 @@ error:
     return -1;
 }
 
+static void kept_release(void);
+
 /* The chip name and the counter availability image of the current context's device. */
 static int device_setup(cf_state *st, cf_profiler *p, int device)
 {
@@ -427,6 +429,8 @@ static int device_setup(cf_state *st, cf_profiler *p, int device)
     if (p->chip == NULL)
         return -1;
     CF_CU(cf_cu.cuCtxGetCurrent(&ctx));
+    /* CUPTI reads counter availability only while no Range Profiler is enabled */
+    kept_release();
     CUpti_Profiler_GetCounterAvailability_Params avail = {
         .structSize = CUpti_Profiler_GetCounterAvailability_Params_STRUCT_SIZE,
         .ctx = ctx,

@@ -19,9 +19,6 @@
 
 enum { IDLE = 0, USER_TIMING = 1, PROFILER_TRACE = 2 };
 
-/* The external correlation kind of our launch tags; torch's profiler uses CUSTOM0/CUSTOM1. */
-#define TAG_KIND CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2
-
 /* One trace at a time per process (CUPTI's activity buffers are per process). The mutex guards
  * the records and counters, which the buffer callback writes from CUPTI's thread; `mode` and
  * `max_records` are only touched under the GIL while no trace runs. */
@@ -33,17 +30,10 @@ static struct {
     uint64_t dropped_over_limit;
     uint64_t buffers;
     int mode;
-    int tagging; /* launch tags are recorded in this trace */
     /* Kernel names, interned for the life of the process: a record's name pointer belongs to
      * CUPTI and may not outlive the module that holds the kernel. */
     char **names;
     size_t n_names, name_slots;
-    /* (correlation id, interned name) of our own launches, from EXTERNAL_CORRELATION records */
-    struct name_tag {
-        uint32_t correlation_id;
-        const char *name;
-    } * tags;
-    size_t n_tags, tag_capacity;
 } trace = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Last session's counters, for timing_stats(). */
@@ -147,24 +137,6 @@ static void keep_record(const CUpti_ActivityKernel10 *k)
     r->registers = k->registersPerThread;
 }
 
-/* Called with trace.lock held. A tag that cannot be kept leaves CUPTI's name on the record. */
-static void keep_tag(const CUpti_ActivityExternalCorrelation *e)
-{
-    if (e->externalKind != TAG_KIND || e->externalId == 0)
-        return;
-    if (trace.n_tags == trace.tag_capacity) {
-        size_t capacity = trace.tag_capacity ? 2 * trace.tag_capacity : 1024;
-        struct name_tag *grown = realloc(trace.tags, capacity * sizeof *grown);
-        if (grown == NULL)
-            return;
-        trace.tags = grown;
-        trace.tag_capacity = capacity;
-    }
-    trace.tags[trace.n_tags].correlation_id = e->correlationId;
-    trace.tags[trace.n_tags].name = (const char *)(uintptr_t)e->externalId;
-    trace.n_tags++;
-}
-
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
 {
     *buffer = aligned_alloc(8, BUFFER_BYTES); /* CUPTI wants 8-byte alignment */
@@ -185,8 +157,6 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
         if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ||
             rec->kind == CUPTI_ACTIVITY_KIND_KERNEL)
             keep_record((const CUpti_ActivityKernel10 *)rec);
-        else if (rec->kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION)
-            keep_tag((const CUpti_ActivityExternalCorrelation *)rec);
     }
     if (cf_cupti.cuptiActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS)
         trace.dropped_by_cupti += dropped;
@@ -195,23 +165,6 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 }
 
 /* ---------------------------------------------------------------- sessions */
-
-/* The driver calls launch.c launches with (cuGetProcAddress may hand out either). */
-static const CUpti_CallbackId launch_cbids[] = {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
-                                                CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz};
-
-/* Stop the launch tags' records; the first failure is returned, every step is tried. */
-static CUptiResult tags_off(void)
-{
-    CUptiResult first = CUPTI_SUCCESS, status;
-    for (size_t i = 0; i < sizeof launch_cbids / sizeof *launch_cbids; i++) {
-        status = cf_cupti.cuptiActivityEnableDriverApi(launch_cbids[i], 0);
-        if (first == CUPTI_SUCCESS)
-            first = status;
-    }
-    status = cf_cupti.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
-    return first == CUPTI_SUCCESS ? status : first;
-}
 
 static int begin(cf_state *st, int mode, size_t max_records)
 {
@@ -237,19 +190,10 @@ static int begin(cf_state *st, int mode, size_t max_records)
     trace.dropped_by_cupti = 0;
     trace.dropped_over_limit = 0;
     trace.buffers = 0;
-    trace.n_tags = 0;
     pthread_mutex_unlock(&trace.lock);
     CF_CUPTI(cf_cupti.cuptiActivityRegisterTimestampCallback(monotonic_ns));
     CF_CUPTI(cf_cupti.cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
     CF_CUPTI(cf_cupti.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
-    /* Launch tags: CUPTI emits an external correlation record beside an API record, so the
-     * driver API records of the launch calls launch.c makes are switched on, and no others. */
-    CUptiResult tags = cf_cupti.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
-    for (size_t i = 0; tags == CUPTI_SUCCESS && i < sizeof launch_cbids / sizeof *launch_cbids; i++)
-        tags = cf_cupti.cuptiActivityEnableDriverApi(launch_cbids[i], 1);
-    trace.tagging = tags == CUPTI_SUCCESS;
-    if (!trace.tagging)
-        tags_off(); /* best effort: without tags the records keep CUPTI's names */
     trace.mode = mode;
     return 0;
 error:
@@ -281,14 +225,11 @@ static int end(cf_state *st, int synchronize)
     flushed = cf_cupti.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     Py_END_ALLOW_THREADS
     disabled = cf_cupti.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-    CUptiResult untagged = trace.tagging ? tags_off() : CUPTI_SUCCESS;
-    trace.tagging = 0;
     trace.mode = IDLE;
     if (failed)
         return -1;
     CF_CUPTI(flushed);
     CF_CUPTI(disabled);
-    CF_CUPTI(untagged);
     return 0;
 error:
     return -1;
@@ -302,33 +243,10 @@ static int by_correlation(const void *a, const void *b)
     return x->start_ns < y->start_ns ? -1 : x->start_ns > y->start_ns;
 }
 
-static int tag_by_correlation(const void *a, const void *b)
-{
-    const struct name_tag *x = a, *y = b;
-    return (x->correlation_id > y->correlation_id) - (x->correlation_id < y->correlation_id);
-}
-
-/* Give the records of our own launches the name they were launched under (trace.lock held). */
-static void apply_tags(void)
-{
-    if (trace.n_tags == 0)
-        return;
-    qsort(trace.tags, trace.n_tags, sizeof *trace.tags, tag_by_correlation);
-    for (size_t i = 0; i < trace.count; i++) {
-        struct name_tag key = {.correlation_id = trace.records[i].correlation_id};
-        const struct name_tag *hit =
-            bsearch(&key, trace.tags, trace.n_tags, sizeof *trace.tags, tag_by_correlation);
-        if (hit != NULL)
-            trace.records[i].name = hit->name;
-    }
-    trace.n_tags = 0;
-}
-
 /* Move the records out (sorted by correlation id, i.e. launch order) and save the counters. */
 static cf_kernel_record *take_records(size_t *count, uint64_t *dropped)
 {
     pthread_mutex_lock(&trace.lock);
-    apply_tags();
     cf_kernel_record *records = trace.records;
     *count = trace.count;
     *dropped = trace.dropped_by_cupti + trace.dropped_over_limit;
@@ -342,33 +260,6 @@ static cf_kernel_record *take_records(size_t *count, uint64_t *dropped)
     if (records != NULL && *count > 1)
         qsort(records, *count, sizeof *records, by_correlation);
     return records;
-}
-
-uint64_t cf_trace_tag(const char *name)
-{
-    if (trace.mode == IDLE || !trace.tagging || name == NULL)
-        return 0;
-    pthread_mutex_lock(&trace.lock);
-    const char *interned = intern_name(name);
-    pthread_mutex_unlock(&trace.lock);
-    return (uint64_t)(uintptr_t)interned;
-}
-
-int cf_trace_push(cf_state *st, uint64_t tag)
-{
-    CF_CUPTI(cf_cupti.cuptiActivityPushExternalCorrelationId(TAG_KIND, tag));
-    return 0;
-error:
-    return -1;
-}
-
-int cf_trace_pop(cf_state *st)
-{
-    uint64_t last = 0;
-    CF_CUPTI(cf_cupti.cuptiActivityPopExternalCorrelationId(TAG_KIND, &last));
-    return 0;
-error:
-    return -1;
 }
 
 int cf_trace_begin(cf_state *st) { return begin(st, PROFILER_TRACE, (size_t)1 << 20); }

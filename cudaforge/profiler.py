@@ -724,7 +724,10 @@ def _ptxas_for(resources: dict[str, dict[str, int]] | None, name: str) -> dict[s
 
 
 # Whether profile_forward leaves the Range Profiler enabled between calls by default: the worker
-# processes (cudaforge.worker) turn it on; they profile many candidates and nothing else.
+# processes (cudaforge.worker) turn it on; they profile many candidates and nothing else. While
+# it is enabled the GPU's counters are taken: ncu or nsys on the same GPU are refused ("a driver
+# resource was unavailable") until the worker ends or calls _core.profiler_release().
+# CUDAFORGE_PROFILER_KEEP=0 turns it off in workers too.
 KEEP_ENABLED = False
 
 

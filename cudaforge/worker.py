@@ -591,7 +591,8 @@ def _child(requests: int, results: int, index: int, parent: int) -> None:
     from . import profiler
     from .evaluate import run_evaluation
 
-    profiler.KEEP_ENABLED = True  # this process profiles candidates and nothing else
+    # this process profiles candidates and nothing else: keep the Range Profiler enabled
+    profiler.KEEP_ENABLED = os.environ.get("CUDAFORGE_PROFILER_KEEP", "1") != "0"
 
     device = "cpu"
     if torch.cuda.is_available():

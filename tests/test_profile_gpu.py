@@ -386,9 +386,9 @@ def test_kept_range_profiler_is_reused_and_released(mod, matmul_case):
 
 
 def test_trace_names_survive_module_reuse():
-    """CUPTI caches a kernel's name per function handle; a module unloaded while no trace runs
-    leaves its handles to the next module (on the H200 a transpose was reported as 'relu'). Our
-    launches are tagged, so each record keeps the name it was launched under."""
+    """CUPTI names records by function handle: a module unloaded and the next one loaded at the
+    same handle got the old kernel's name (on the H200 a transpose was reported as 'relu').
+    Modules are retired late, so 24 modules in a row each keep their own names."""
     x = torch.zeros(1024, device="cuda")
     seen = []
     for i in range(24):
