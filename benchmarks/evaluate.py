@@ -232,6 +232,13 @@ def _add_paper(row: dict, paper: dict) -> None:
         row["ratio"] = paper["wall_s"] / row["cudaforge_wall_s"]
 
 
+def _save_partial(args, rows: list[dict]) -> None:
+    """The rows so far, so that a run cut short (a time limit, a crash) still leaves them."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.partial.json").write_text(json.dumps(rows, indent=2, default=str))
+
+
 def run(args) -> dict:
     from cudaforge.worker import WorkerPool
 
@@ -287,6 +294,7 @@ def run(args) -> dict:
                         if k.own and k.name in ncu
                     }
             rows.append(row)
+            _save_partial(args, rows)
     if not args.skip_paper and args.paper_jobs > 1:
         # after every cudaforge evaluation, so those never share the GPU; the paper's runs share
         # it among themselves only in their short timed loops (their time is the nvcc builds)
@@ -298,6 +306,7 @@ def run(args) -> dict:
             papers = list(jobs.map(lambda c: run_paper_way(c, args, scratch), cases))
         for row, paper in zip(rows, papers, strict=True):
             _add_paper(row, paper)
+        _save_partial(args, rows)
     shutil.rmtree(scratch, ignore_errors=True)
     import torch
 
@@ -404,6 +413,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
     (out / "results.md").write_text(markdown(report))
+    (out / "results.partial.json").unlink(missing_ok=True)
     print(markdown(report))
     return 0
 
