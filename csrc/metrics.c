@@ -722,7 +722,6 @@ error:
 
 /* ---------------------------------------------------------------- profile(fn) */
 
-/* State of one profile() call, released in one place whatever happened. */
 /* The Range Profiler object kept enabled between profile(keep=True) calls. Its first Start after
  * Enable costs ~0.4 s on the H200 (measured: start 412 ms of a 1-pass profile), the later ones
  * ~20 ms, so a warm worker keeps one enabled, with the counter data image it was last
@@ -737,21 +736,32 @@ static struct {
 /* One profile() at a time in the process: the kept object and the naming trace are shared. */
 static int profiling;
 
+/* Disable a Range Profiler object, best effort: it is dropped whatever CUPTI says. */
+static void range_disable(CUpti_RangeProfiler_Object *object)
+{
+    CUpti_RangeProfiler_Disable_Params off = {
+        .structSize = CUpti_RangeProfiler_Disable_Params_STRUCT_SIZE,
+        .pRangeProfilerObject = object,
+    };
+    Py_BEGIN_ALLOW_THREADS
+    cf_cupti.cuptiRangeProfilerDisable(&off);
+    Py_END_ALLOW_THREADS
+}
+
 static void kept_release(void)
 {
-    if (kept.object != NULL) {
-        CUpti_RangeProfiler_Disable_Params off = {
-            .structSize = CUpti_RangeProfiler_Disable_Params_STRUCT_SIZE,
-            .pRangeProfilerObject = kept.object,
-        };
-        cf_cupti.cuptiRangeProfilerDisable(&off); /* best effort: the object is dropped anyway */
-    }
-    PyMem_RawFree(kept.counter_data);
+    /* forget it first: the disable below lets other threads run */
+    CUpti_RangeProfiler_Object *object = kept.object;
+    uint8_t *counter_data = kept.counter_data;
     kept.object = NULL;
     kept.ctx = NULL;
     kept.counter_data = NULL;
+    if (object != NULL)
+        range_disable(object);
+    PyMem_RawFree(counter_data);
 }
 
+/* State of one profile() call, released in one place whatever happened. */
 typedef struct {
     CUpti_RangeProfiler_Object *object;
     int kept; /* object is kept.object */
@@ -784,17 +794,11 @@ static void run_release(cf_state *st, profile_run *run)
         cf_cupti.cuptiRangeProfilerStop(&stop);
         run->started = 0;
     }
-    if (run->object != NULL && run->kept) {
-        kept_release(); /* a failed run: start afresh next time */
-        run->object = NULL;
-    } else if (run->object != NULL) {
-        CUpti_RangeProfiler_Disable_Params off = {
-            .structSize = CUpti_RangeProfiler_Disable_Params_STRUCT_SIZE,
-            .pRangeProfilerObject = run->object,
-        };
-        Py_BEGIN_ALLOW_THREADS
-        cf_cupti.cuptiRangeProfilerDisable(&off);
-        Py_END_ALLOW_THREADS
+    if (run->object != NULL) {
+        if (run->kept)
+            kept_release(); /* a failed run: start afresh next time */
+        else
+            range_disable(run->object);
         run->object = NULL;
     }
     if (run->tracing) {
@@ -885,7 +889,8 @@ static double seconds_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* profile(fn, max_kernels=256, replay="kernel", names=True) -> list of dict(range, name, metrics)
+/* profile(fn, max_kernels=256, replay="kernel", names=True, keep=False)
+ *     -> list of dict(range, name, metrics)
  *
  * replay="kernel": CUPTI replays each launch inside one call of fn, saving and restoring the
  * memory it may write (fn runs once; the cost grows with the memory the context holds).
@@ -1236,13 +1241,12 @@ static PyGetSetDef profiler_getset[] = {
 
 static PyMethodDef profiler_methods[] = {
     {"profile", (PyCFunction)(void (*)(void))profiler_profile, METH_VARARGS | METH_KEYWORDS,
-     "profile(fn, max_kernels=256, replay='kernel', names=True, keep=False) -> list of {range, "
-     "name, "
-     "metrics}: one entry per kernel launched by fn(). replay='kernel' calls fn once and replays "
-     "each kernel once per pass, restoring its memory; replay='user' calls fn once per pass. "
-     "names=False leaves the names None (no activity trace). keep=True leaves the Range Profiler "
-     "enabled on the context for the next keep=True call (saves ~0.4 s a call; "
-     "profiler_release() ends it). Raises ProfilerError (.reason) when counters are "
+     "profile(fn, max_kernels=256, replay='kernel', names=True, keep=False) -> list of "
+     "{range, name, metrics}: one entry per kernel launched by fn(). replay='kernel' calls fn "
+     "once and replays each kernel once per pass, restoring its memory; replay='user' calls fn "
+     "once per pass. names=False leaves the names None (no activity trace). keep=True leaves "
+     "the Range Profiler enabled on the context for the next keep=True call (saves ~0.4 s a "
+     "call; profiler_release() ends it). Raises ProfilerError (.reason) when counters are "
      "unavailable."},
     {"base_metrics", (PyCFunction)(void (*)(void))profiler_base_metrics,
      METH_VARARGS | METH_KEYWORDS,
