@@ -403,6 +403,9 @@ error:
 
 static void kept_release(void);
 
+/* One profile() at a time in the process: the kept object and the naming trace are shared. */
+static int profiling;
+
 /* The chip name and the counter availability image of the current context's device. */
 static int device_setup(cf_state *st, cf_profiler *p, int device)
 {
@@ -429,7 +432,13 @@ static int device_setup(cf_state *st, cf_profiler *p, int device)
     if (p->chip == NULL)
         return -1;
     CF_CU(cf_cu.cuCtxGetCurrent(&ctx));
-    /* CUPTI reads counter availability only while no Range Profiler is enabled */
+    /* CUPTI reads counter availability only while no Range Profiler is enabled; the kept one
+       goes, unless a profile in another thread is using it */
+    if (profiling) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "a profile() is running; create the Profiler before or after it");
+        return -1;
+    }
     kept_release();
     CUpti_Profiler_GetCounterAvailability_Params avail = {
         .structSize = CUpti_Profiler_GetCounterAvailability_Params_STRUCT_SIZE,
@@ -732,9 +741,6 @@ static struct {
     CUcontext ctx;
     uint8_t *counter_data;
 } kept;
-
-/* One profile() at a time in the process: the kept object and the naming trace are shared. */
-static int profiling;
 
 /* Disable a Range Profiler object, best effort: it is dropped whatever CUPTI says. */
 static void range_disable(CUpti_RangeProfiler_Object *object)

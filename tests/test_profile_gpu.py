@@ -385,6 +385,26 @@ def test_kept_range_profiler_is_reused_and_released(mod, matmul_case):
     assert profiler.last_run["reused_enabled"] is False
 
 
+def test_no_profiler_is_made_while_a_profile_runs(mod, matmul_case):
+    """Making a Profiler reads counter availability, which needs the kept Range Profiler gone:
+    while a profile() is using it, the new Profiler is refused and the running profile ends well."""
+    mm, *_ = matmul_case
+    profiler = _core.Profiler(["sm__inst_executed.sum"], device=0)
+    refused = []
+
+    def fn():
+        try:
+            _core.Profiler([DRAM], device=0)
+        except RuntimeError as e:
+            refused.append(str(e))
+        mm()
+
+    ranges = profiler.profile(fn, replay="user", keep=True)
+    assert refused and "a profile() is running" in refused[0]
+    assert ranges[0]["metrics"]["sm__inst_executed.sum"] > 0
+    assert _core.profiler_release() is True
+
+
 def test_trace_names_survive_module_reuse():
     """CUPTI names records by function handle: a module unloaded and the next one loaded at the
     same handle got the old kernel's name (on the H200 a transpose was reported as 'relu').
