@@ -29,6 +29,7 @@ typedef struct {
     CUpti_Profiler_Host_Object *host;
     uint8_t *config;
     size_t config_size;
+    uint64_t config_id; /* a process-unique number of this config image (0: none yet) */
     size_t passes;
     uint8_t *availability;
     const char **names; /* UTF-8 of the items of `metrics`, owned by them */
@@ -329,6 +330,8 @@ static int build_config(cf_state *st, cf_profiler *p)
         goto error;
     }
     p->config_size = size.configImageSize;
+    static uint64_t configs_made;
+    p->config_id = ++configs_made;
     CUpti_Profiler_Host_GetConfigImage_Params image = {
         .structSize = CUpti_Profiler_Host_GetConfigImage_Params_STRUCT_SIZE,
         .pHostObject = p->host,
@@ -740,6 +743,11 @@ static struct {
     CUpti_RangeProfiler_Object *object;
     CUcontext ctx;
     uint8_t *counter_data;
+    /* what the object was last configured with (SetConfig), for reuse_config */
+    size_t counter_data_size;
+    uint64_t config_id;
+    int user_replay;
+    size_t max_kernels;
 } kept;
 
 /* Disable a Range Profiler object, best effort: it is dropped whatever CUPTI says. */
@@ -762,6 +770,8 @@ static void kept_release(void)
     kept.object = NULL;
     kept.ctx = NULL;
     kept.counter_data = NULL;
+    kept.counter_data_size = 0;
+    kept.config_id = 0;
     if (object != NULL)
         range_disable(object);
     PyMem_RawFree(counter_data);
@@ -773,6 +783,9 @@ typedef struct {
     int kept; /* object is kept.object */
     uint8_t *counter_data;
     size_t counter_data_size;
+    uint64_t config_id; /* what SetConfig was given, remembered with a kept object */
+    int user_replay;
+    size_t max_kernels;
     int started;
     int tracing;
     cf_kernel_record *records;
@@ -789,6 +802,10 @@ static void run_release(cf_state *st, profile_run *run)
         /* success: the object stays enabled, holding this run's counter data image */
         PyMem_RawFree(kept.counter_data);
         kept.counter_data = run->counter_data;
+        kept.counter_data_size = run->counter_data_size;
+        kept.config_id = run->config_id;
+        kept.user_replay = run->user_replay;
+        kept.max_kernels = run->max_kernels;
         run->counter_data = NULL;
         run->object = NULL;
     }
@@ -895,7 +912,7 @@ static double seconds_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* profile(fn, max_kernels=256, replay="kernel", names=True, keep=False)
+/* profile(fn, max_kernels=256, replay="kernel", names=True, keep=False, reuse_config=False)
  *     -> list of dict(range, name, metrics)
  *
  * replay="kernel": CUPTI replays each launch inside one call of fn, saving and restoring the
@@ -903,7 +920,9 @@ static double seconds_now(void)
  * replay="user": fn runs once per pass (it must launch the same kernels each time; nothing is
  * restored between passes), which avoids the memory save and restore.
  * names=False skips the activity trace that names the ranges (their names are then None).
- * keep=True reuses (or leaves behind) the Range Profiler object kept enabled on the context. */
+ * keep=True reuses (or leaves behind) the Range Profiler object kept enabled on the context;
+ * with reuse_config=True, a kept object last configured by this Profiler with the same replay
+ * and max_kernels is not configured again: its counter data image is only initialized afresh. */
 static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     cf_profiler *p = (cf_profiler *)self;
@@ -911,8 +930,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     PyObject *fn, *result = NULL;
     Py_ssize_t max_kernels = 256;
     const char *replay = "kernel";
-    int names = 1, keep = 0;
-    static char *kwlist[] = {"fn", "max_kernels", "replay", "names", "keep", NULL};
+    int names = 1, keep = 0, reuse_config = 0;
+    static char *kwlist[] = {"fn", "max_kernels", "replay", "names", "keep", "reuse_config", NULL};
     profile_run run = {0};
     size_t calls = 0, dropped_ranges = 0, n_ranges = 0;
     int all_submitted = 0, named = 0;
@@ -922,8 +941,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     CUcontext ctx = NULL;
 
     if (st == NULL || check_ready(p) < 0 ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|nspp:profile", kwlist, &fn, &max_kernels,
-                                     &replay, &names, &keep))
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|nsppp:profile", kwlist, &fn, &max_kernels,
+                                     &replay, &names, &keep, &reuse_config))
         return NULL;
     int user_replay = strcmp(replay, "user") == 0;
     if (!user_replay && strcmp(replay, "kernel") != 0) {
@@ -965,6 +984,7 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     }
     profiling = 1;
     double t_start = seconds_now(), t_setup = 0, t_passes = 0, t_decode = 0;
+    double t_counter = 0, t_config = 0; /* the setup's steps */
     /* where the pass loop spends its time, summed over the passes */
     double t_begin = 0, t_call = 0, t_sync = 0, t_end = 0, t_mark;
     CF_CU(cf_cu.cuCtxGetCurrent(&ctx));
@@ -988,21 +1008,34 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         }
     }
 
-    CUpti_RangeProfiler_GetCounterDataSize_Params size = {
-        .structSize = CUpti_RangeProfiler_GetCounterDataSize_Params_STRUCT_SIZE,
-        .pRangeProfilerObject = run.object,
-        .pMetricNames = p->names,
-        .numMetrics = p->n_names,
-        .maxNumOfRanges = (size_t)max_kernels,
-        .maxNumRangeTreeNodes = (uint32_t)max_kernels,
-    };
-    CF_CUPTI(cf_cupti.cuptiRangeProfilerGetCounterDataSize(&size));
-    run.counter_data = PyMem_RawCalloc(1, size.counterDataSize);
-    if (run.counter_data == NULL) {
-        PyErr_NoMemory();
-        goto error;
+    run.config_id = p->config_id;
+    run.user_replay = user_replay;
+    run.max_kernels = (size_t)max_kernels;
+    int same_config = reused && reuse_config && kept.counter_data != NULL &&
+                      kept.config_id == p->config_id && kept.user_replay == user_replay &&
+                      kept.max_kernels == (size_t)max_kernels;
+    if (same_config) {
+        /* the run owns the kept image until it ends well */
+        run.counter_data = kept.counter_data;
+        run.counter_data_size = kept.counter_data_size;
+        kept.counter_data = NULL;
+    } else {
+        CUpti_RangeProfiler_GetCounterDataSize_Params size = {
+            .structSize = CUpti_RangeProfiler_GetCounterDataSize_Params_STRUCT_SIZE,
+            .pRangeProfilerObject = run.object,
+            .pMetricNames = p->names,
+            .numMetrics = p->n_names,
+            .maxNumOfRanges = (size_t)max_kernels,
+            .maxNumRangeTreeNodes = (uint32_t)max_kernels,
+        };
+        CF_CUPTI(cf_cupti.cuptiRangeProfilerGetCounterDataSize(&size));
+        run.counter_data = PyMem_RawCalloc(1, size.counterDataSize);
+        if (run.counter_data == NULL) {
+            PyErr_NoMemory();
+            goto error;
+        }
+        run.counter_data_size = size.counterDataSize;
     }
-    run.counter_data_size = size.counterDataSize;
     CUpti_RangeProfiler_CounterDataImage_Initialize_Params init = {
         .structSize = CUpti_RangeProfiler_CounterDataImage_Initialize_Params_STRUCT_SIZE,
         .pRangeProfilerObject = run.object,
@@ -1010,22 +1043,26 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
         .pCounterData = run.counter_data,
     };
     CF_CUPTI(cf_cupti.cuptiRangeProfilerCounterDataImageInitialize(&init));
-    CUpti_RangeProfiler_SetConfig_Params config = {
-        .structSize = CUpti_RangeProfiler_SetConfig_Params_STRUCT_SIZE,
-        .pRangeProfilerObject = run.object,
-        .configSize = p->config_size,
-        .pConfig = p->config,
-        .counterDataImageSize = run.counter_data_size,
-        .pCounterDataImage = run.counter_data,
-        .range = CUPTI_AutoRange,
-        .replayMode = user_replay ? CUPTI_UserReplay : CUPTI_KernelReplay,
-        .maxRangesPerPass = (size_t)max_kernels,
-        .numNestingLevels = 1,
-        .minNestingLevel = 1,
-        .passIndex = 0,
-        .targetNestingLevel = 1,
-    };
-    CF_CUPTI_NOGIL(cf_cupti.cuptiRangeProfilerSetConfig(&config));
+    t_counter = seconds_now();
+    if (!same_config) {
+        CUpti_RangeProfiler_SetConfig_Params config = {
+            .structSize = CUpti_RangeProfiler_SetConfig_Params_STRUCT_SIZE,
+            .pRangeProfilerObject = run.object,
+            .configSize = p->config_size,
+            .pConfig = p->config,
+            .counterDataImageSize = run.counter_data_size,
+            .pCounterDataImage = run.counter_data,
+            .range = CUPTI_AutoRange,
+            .replayMode = user_replay ? CUPTI_UserReplay : CUPTI_KernelReplay,
+            .maxRangesPerPass = (size_t)max_kernels,
+            .numNestingLevels = 1,
+            .minNestingLevel = 1,
+            .passIndex = 0,
+            .targetNestingLevel = 1,
+        };
+        CF_CUPTI_NOGIL(cf_cupti.cuptiRangeProfilerSetConfig(&config));
+    }
+    t_config = seconds_now();
 
     /* Kernel names: a trace of the same launches. Best effort: a trace already running (the
      * caller is timing) leaves the ranges unnamed, with the reason in last_run. */
@@ -1156,16 +1193,19 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
             goto error;
         PyList_SET_ITEM(result, (Py_ssize_t)r, d);
     }
-    Py_XSETREF(
-        p->last_run,
-        Py_BuildValue("{s:s,s:O,s:n,s:n,s:n,s:n,s:z,s:{s:d,s:d,s:d,s:d},s:{s:d,s:d,s:d,s:d}}",
-                      "replay", replay, "reused_enabled", reused ? Py_True : Py_False, "calls",
-                      (Py_ssize_t)calls, "passes", (Py_ssize_t)p->passes, "ranges",
-                      (Py_ssize_t)n_ranges, "ranges_dropped", (Py_ssize_t)dropped_ranges,
-                      "names_note", names_note, "seconds", "setup", t_setup - t_start, "passes",
-                      t_passes - t_setup, "decode", t_decode - t_passes, "evaluate",
-                      seconds_now() - t_decode, "pass_seconds", "start", t_begin, "call", t_call,
-                      "sync", t_sync, "stop", t_end));
+    Py_XSETREF(p->last_run,
+               Py_BuildValue("{s:s,s:O,s:O,s:n,s:n,s:n,s:n,s:z,s:{s:d,s:d,s:d,s:d},"
+                             "s:{s:d,s:d,s:d},s:{s:d,s:d,s:d,s:d}}",
+                             "replay", replay, "reused_enabled", reused ? Py_True : Py_False,
+                             "reused_config", same_config ? Py_True : Py_False, "calls",
+                             (Py_ssize_t)calls, "passes", (Py_ssize_t)p->passes, "ranges",
+                             (Py_ssize_t)n_ranges, "ranges_dropped", (Py_ssize_t)dropped_ranges,
+                             "names_note", names_note, "seconds", "setup", t_setup - t_start,
+                             "passes", t_passes - t_setup, "decode", t_decode - t_passes,
+                             "evaluate", seconds_now() - t_decode, "setup_seconds", "counter_data",
+                             t_counter - t_start, "set_config", t_config - t_counter, "trace",
+                             t_setup - t_config, "pass_seconds", "start", t_begin, "call", t_call,
+                             "sync", t_sync, "stop", t_end));
     if (p->last_run == NULL)
         goto error;
     if (dropped_ranges > 0 &&

@@ -364,7 +364,8 @@ def test_unnamed_profile_and_pass_timing(mod, matmul_case):
 
 def test_kept_range_profiler_is_reused_and_released(mod, matmul_case):
     """keep=True leaves the Range Profiler enabled: the next keep=True call (any Profiler on the
-    context) reuses it with the same counts, timing still works meanwhile, and release ends it."""
+    context) reuses it with the same counts; reuse_config skips configuring it again when this
+    Profiler configured it last; timing still works meanwhile, and release ends it."""
     mm, *_ = matmul_case
     _core.profiler_release()
     profiler = _core.Profiler(["gpu__time_duration.sum", "sm__inst_executed.sum"], device=0)
@@ -372,11 +373,22 @@ def test_kept_range_profiler_is_reused_and_released(mod, matmul_case):
     assert profiler.last_run["reused_enabled"] is False
     second = profiler.profile(mm, replay="user", keep=True)
     assert profiler.last_run["reused_enabled"] is True
+    assert profiler.last_run["reused_config"] is False  # not asked for
     inst = "sm__inst_executed.sum"
     assert second[0]["metrics"][inst] == pytest.approx(first[0]["metrics"][inst], rel=0.01)
+    third = profiler.profile(mm, replay="user", keep=True, reuse_config=True)
+    assert profiler.last_run["reused_config"] is True
+    assert set(profiler.last_run["setup_seconds"]) == {"counter_data", "set_config", "trace"}
+    assert third[0]["metrics"][inst] == pytest.approx(first[0]["metrics"][inst], rel=0.01)
+    # a new Profiler reads counter availability, which needs the kept one gone
     other = _core.Profiler([DRAM], device=0)
     assert other.profile(mm, replay="kernel", keep=True)[0]["metrics"][DRAM] > 0
-    assert other.last_run["reused_enabled"] is True
+    assert other.last_run["reused_enabled"] is False
+    # the kept object is now configured by `other`: this Profiler configures it again
+    again = profiler.profile(mm, replay="user", keep=True, reuse_config=True)
+    assert profiler.last_run["reused_enabled"] is True
+    assert profiler.last_run["reused_config"] is False
+    assert again[0]["metrics"][inst] == pytest.approx(first[0]["metrics"][inst], rel=0.01)
     timing = prof.time_forward(mm, iterations=3)
     assert [k.name for k in timing.kernels] == ["matmul_naive"]
     assert _core.profiler_release() is True

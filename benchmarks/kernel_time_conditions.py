@@ -1,0 +1,214 @@
+"""Diagnosis: why a kernel's CUPTI time in the timed runs can differ from Nsight Compute's
+gpu__time_duration.sum. Times the candidate's own kernels of a few evaluate.py cases under
+several conditions (with and without the L2 flush, fresh inputs, idle gaps before each launch),
+with the SM clock, power and clock-event reasons sampled through NVML meanwhile, then runs ncu on
+the same kernels (also reading the SM clock it saw). Writes kernel_time_conditions.json/.md.
+
+    python benchmarks/kernel_time_conditions.py --out $OUT/bench        # on the H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from evaluate import CASES, Case
+from ncu_tools import find_ncu
+
+# case -> prefix of its own kernels' names (cudaforge/examples/)
+OWN = {
+    "l1_012_diag_matmul": "scale_rows",
+    "l1_019_relu": "relu_kernel",
+    "l1_088_gelu": "gelu_tanh",
+    "l2_001_conv_relu_bias": "relu_bias",
+}
+# (label, refill the inputs, flush: None | "write" | "write+read", idle seconds before the launch)
+CONDITIONS = [
+    ("as timed: fresh inputs, flush write+read", True, "write+read", 0.0),
+    ("flush write+read", False, "write+read", 0.0),
+    ("flush write only", False, "write", 0.0),
+    ("no flush", False, None, 0.0),
+    ("flush write+read, 3 ms idle before", False, "write+read", 0.003),
+    ("no flush, 3 ms idle before", False, None, 0.003),
+]
+
+
+class Clocks:
+    """NVML samples (SM MHz, power W, clock-event reasons) every ~2 ms while running."""
+
+    def __init__(self):
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.samples: list[tuple[int, float, int]] = []
+        self.running = False
+
+    def __enter__(self):
+        self.samples, self.running = [], True
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+        return self
+
+    def loop(self):
+        n, h = self.nvml, self.handle
+        while self.running:
+            reasons = n.nvmlDeviceGetCurrentClocksEventReasons(h)
+            self.samples.append(
+                (n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), n.nvmlDeviceGetPowerUsage(h) / 1e3,
+                 reasons)
+            )  # fmt: skip
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {}
+        sm = [s[0] for s in self.samples]
+        power = [s[1] for s in self.samples]
+        reasons = sorted({s[2] for s in self.samples})
+        return {"samples": len(sm), "sm_mhz_median": statistics.median(sm), "sm_mhz_min": min(sm),
+                "power_w_median": statistics.median(power), "reasons": reasons}  # fmt: skip
+
+
+def measure(case: Case, seconds: float) -> list[dict]:
+    import torch
+
+    from cudaforge import _core
+
+    problem = case.problem()
+    module = problem.build_module()
+    namespace: dict = {"__name__": "candidate"}
+    exec(compile(case.source("fast"), f"{case.name}.py", "exec"), namespace)  # noqa: S102
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*module.get_init_inputs()).cuda()
+    sets = [problem.make_inputs(k, "cuda", module) for k in range(4)]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    flush = torch.empty(4 * l2, dtype=torch.int8, device="cuda")
+    clean = torch.zeros(2 * l2 // 4, device="cuda")
+    prefix = OWN[case.name]
+    rows = []
+    with torch.no_grad():
+        for label, refill, how, idle in CONDITIONS:
+            for k in range(8):  # warm
+                model(*sets[k % 4])
+            torch.cuda.synchronize()
+            clocks = Clocks()
+            _core.timing_start()
+            started, i = time.perf_counter(), 0
+            with clocks:
+                while time.perf_counter() - started < seconds:
+                    k = i % 4
+                    if refill:
+                        fresh = problem.make_inputs(1000 + i, "cuda", module)
+                        for dst, src in zip(sets[k], fresh, strict=True):
+                            if torch.is_tensor(dst):
+                                dst.copy_(src)
+                    if how is not None:
+                        flush.fill_(i % 127 + 1)
+                        if how == "write+read":
+                            clean.sum()
+                    if idle:
+                        torch.cuda.synchronize()
+                        time.sleep(idle)
+                    model(*sets[k])
+                    i += 1
+                    if i % 16 == 0:
+                        torch.cuda.synchronize()
+                torch.cuda.synchronize()
+            records = _core.timing_stop()
+            own = [r["duration_ns"] / 1e3 for r in records if r["name"].startswith(prefix)]
+            row = {"case": case.name, "condition": label, "launches": len(own),
+                   "median_us": statistics.median(own) if own else None,
+                   "mean_us": statistics.fmean(own) if own else None,
+                   "min_us": min(own) if own else None, **clocks.summary()}  # fmt: skip
+            rows.append(row)
+            print(f"{case.name} | {label}: {row['median_us']:.2f} us median, {row['mean_us']:.2f} "
+                  f"mean ({len(own)} launches); SM {row.get('sm_mhz_median')} MHz (min "
+                  f"{row.get('sm_mhz_min')}), {row.get('power_w_median')} W, reasons "
+                  f"{row.get('reasons')}", flush=True)  # fmt: skip
+    return rows
+
+
+def ncu(case: Case, cache: str) -> dict:
+    tool = find_ncu()
+    if tool is None:
+        return {"error": "ncu not found"}
+    metrics = "gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second"
+    command = [tool, "--csv", "--metrics", metrics, "--clock-control", "none", "--cache-control",
+               cache, "--kernel-name", f"regex:^{OWN[case.name]}", "--launch-count", "20",
+               sys.executable, str(HERE / "evaluate.py"), "--ncu-target", case.name]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    values: dict[str, list[float]] = {}
+    header = None
+    for line in proc.stdout.splitlines():
+        cells = [c.strip('"') for c in line.split('","')]
+        if "Metric Name" in cells:
+            header = cells
+            continue
+        if header and len(cells) == len(header):
+            row = dict(zip(header, cells, strict=True))
+            unit = row.get("Metric Unit", "")
+            value = float(row["Metric Value"].replace(",", ""))
+            value *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "Ghz": 1e3,
+                      "Mhz": 1.0, "hz": 1e-6, "cycle/nsecond": 1e3,
+                      "cycle/usecond": 1.0, "cycle/second": 1e-6}.get(unit, 1.0)  # fmt: skip
+            values.setdefault(row["Metric Name"], []).append(value)
+    if not values:
+        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+    t = values.get("gpu__time_duration.sum", [])
+    f = values.get("sm__cycles_elapsed.avg.per_second", [])
+    return {"cache": cache, "median_us": statistics.median(t) if t else None,
+            "mean_us": statistics.fmean(t) if t else None,
+            "sm_mhz_median": statistics.median(f) if f else None, "n": len(t)}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench-out")
+    p.add_argument("--seconds", type=float, default=0.5, help="per condition")
+    p.add_argument("--cases", default=",".join(OWN))
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    by_name = {c.name: c for c in CASES}
+    rows, ncu_rows = [], []
+    for name in args.cases.split(","):
+        rows += measure(by_name[name], args.seconds)
+    for name in args.cases.split(","):
+        for cache in ("all", "none"):
+            got = {"case": name, **ncu(by_name[name], cache)}
+            ncu_rows.append(got)
+            print(f"ncu {name} cache-control {cache}: {got}", flush=True)
+    (out / "kernel_time_conditions.json").write_text(
+        json.dumps({"conditions": rows, "ncu": ncu_rows}, indent=2)
+    )
+    lines = ["| case | condition | median us | mean us | SM MHz | W | clock-event reasons |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['condition']} | {r['median_us']:.2f} | "
+                     f"{r['mean_us']:.2f} | {r.get('sm_mhz_median')} | {r.get('power_w_median')}"
+                     f" | {r.get('reasons')} |")  # fmt: skip
+    for r in ncu_rows:
+        lines.append(f"| {r['case']} | ncu --cache-control {r.get('cache')} | "
+                     f"{r.get('median_us')} | {r.get('mean_us')} | {r.get('sm_mhz_median')} | - "
+                     f"| - |")  # fmt: skip
+    (out / "kernel_time_conditions.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
