@@ -87,8 +87,9 @@ class Clocks:
 def measure(case: Case, seconds: float) -> list[dict]:
     import torch
 
-    from cudaforge import _core
+    from cudaforge import _core, _libs
 
+    _libs.ensure("cupti")
     problem = case.problem()
     module = problem.build_module()
     namespace: dict = {"__name__": "candidate"}
