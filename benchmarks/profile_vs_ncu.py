@@ -6,7 +6,9 @@ Run on the H200 (root, so counters are readable):
 Writes profile_vs_ncu.json and profile_vs_ncu.md under --out. Options:
     --kernels vector_add,matmul_naive   a subset (default: all seven)
     --ncu PATH                          the ncu binary (default: PATH, /usr/local/cuda/bin, ...)
-    --ncu-cache-control none|all        ncu's cache control (default none: like CUPTI's replay)
+    --ncu-cache-control all|none        ncu's cache control (default all, ncu's own default);
+                                        cudaforge flushes the L2 before each pass to match
+                                        (profile_forward's flush_l2), or not with none
     --paper-ncu                         also time the paper's way for vector_add: ncu over a fresh
                                         Python that builds the candidate with load_inline (a new
                                         candidate, so a cold build), against cudaforge compiling
@@ -437,7 +439,9 @@ def markdown(report: dict) -> str:
         "",
         (
             f"Device: {report['device']}; ncu: {report['ncu_version']}; ncu cache control: "
-            f"{report['ncu_cache_control']}; clocks not locked on either side."
+            f"{report['ncu_cache_control']} (cudaforge "
+            f"{'flushes' if report['ncu_cache_control'] == 'all' else 'does not flush'} the L2 "
+            "before each pass); clocks not locked on either side."
         ),
         "",
         "## Latency (full 24-metric profile of one kernel)",
@@ -497,7 +501,7 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/out")
     parser.add_argument("--kernels", default=",".join(SOURCES))
     parser.add_argument("--ncu")
-    parser.add_argument("--ncu-cache-control", default="none", choices=["none", "all"])
+    parser.add_argument("--ncu-cache-control", default="all", choices=["all", "none"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--record-fixture")
     parser.add_argument("--paper-ncu", action="store_true")
@@ -547,6 +551,7 @@ def main() -> int:
             "min_bytes": min_bytes,
             "flops": flops,
             "keep_enabled": True,
+            "flush_l2": args.ncu_cache_control == "all",
         }
         prof.profile_forward(forward, **common)  # warm: compile, contexts, ceilings, host objects
         runs, range_s = [], []

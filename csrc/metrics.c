@@ -924,7 +924,7 @@ static double seconds_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* profile(fn, max_kernels=256, replay="kernel", names=True, keep=False)
+/* profile(fn, max_kernels=256, replay="kernel", names=True, keep=False, before=None)
  *     -> list of dict(range, name, metrics)
  *
  * replay="kernel": CUPTI replays each launch inside one call of fn, saving and restoring the
@@ -932,6 +932,8 @@ static double seconds_now(void)
  * replay="user": fn runs once per pass (it must launch the same kernels each time; nothing is
  * restored between passes), which avoids the memory save and restore.
  * names=False skips the activity trace that names the ranges (their names are then None).
+ * before: a callable run before each pass, outside the profiled range, and waited for (an L2
+ * flush, so that every pass starts from the same cache state).
  * keep=True leaves the Range Profiler object enabled and configured on the context, and reuses
  * the one kept by the last keep=True call of this Profiler with the same replay and max_kernels:
  * its counter data image is reset from a copy, with no new Enable, SetConfig or image set-up
@@ -940,11 +942,11 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
 {
     cf_profiler *p = (cf_profiler *)self;
     cf_state *st = cf_state_from_type(Py_TYPE(self));
-    PyObject *fn, *result = NULL;
+    PyObject *fn, *before = Py_None, *result = NULL;
     Py_ssize_t max_kernels = 256;
     const char *replay = "kernel";
     int names = 1, keep = 0;
-    static char *kwlist[] = {"fn", "max_kernels", "replay", "names", "keep", NULL};
+    static char *kwlist[] = {"fn", "max_kernels", "replay", "names", "keep", "before", NULL};
     profile_run run = {0};
     size_t calls = 0, dropped_ranges = 0, n_ranges = 0;
     int all_submitted = 0, named = 0;
@@ -954,8 +956,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     CUcontext ctx = NULL;
 
     if (st == NULL || check_ready(p) < 0 ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|nspp:profile", kwlist, &fn, &max_kernels,
-                                     &replay, &names, &keep))
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "O|nsppO:profile", kwlist, &fn, &max_kernels,
+                                     &replay, &names, &keep, &before))
         return NULL;
     int user_replay = strcmp(replay, "user") == 0;
     if (!user_replay && strcmp(replay, "kernel") != 0) {
@@ -964,6 +966,10 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     }
     if (!PyCallable_Check(fn)) {
         PyErr_SetString(PyExc_TypeError, "profile(fn): fn must be callable with no arguments");
+        return NULL;
+    }
+    if (before != Py_None && !PyCallable_Check(before)) {
+        PyErr_SetString(PyExc_TypeError, "profile(before=...): before must be None or callable");
         return NULL;
     }
     if (p->device < 0) {
@@ -999,7 +1005,7 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     double t_start = seconds_now(), t_setup = 0, t_passes = 0, t_decode = 0;
     double t_counter = 0, t_config = 0; /* the setup's steps */
     /* where the pass loop spends its time, summed over the passes */
-    double t_begin = 0, t_call = 0, t_sync = 0, t_end = 0, t_mark;
+    double t_before = 0, t_begin = 0, t_call = 0, t_sync = 0, t_end = 0, t_mark;
     CF_CU(cf_cu.cuCtxGetCurrent(&ctx));
 
     int reused = keep && kept.object != NULL && kept.ctx == ctx && kept.counter_data != NULL &&
@@ -1118,6 +1124,15 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
                            "kernel on the profiled device?");
             goto error;
         }
+        if (before != Py_None) {
+            t_mark = seconds_now();
+            PyObject *b = PyObject_CallNoArgs(before);
+            if (b == NULL)
+                goto error;
+            Py_DECREF(b);
+            CF_CU_NOGIL(cf_cu.cuCtxSynchronize());
+            t_before += seconds_now() - t_mark;
+        }
         CUpti_RangeProfiler_Start_Params start = {
             .structSize = CUpti_RangeProfiler_Start_Params_STRUCT_SIZE,
             .pRangeProfilerObject = run.object,
@@ -1217,7 +1232,7 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
     }
     Py_XSETREF(p->last_run,
                Py_BuildValue("{s:s,s:O,s:n,s:n,s:n,s:n,s:z,s:{s:d,s:d,s:d,s:d},"
-                             "s:{s:d,s:d,s:d},s:{s:d,s:d,s:d,s:d}}",
+                             "s:{s:d,s:d,s:d},s:{s:d,s:d,s:d,s:d,s:d}}",
                              "replay", replay, "reused_enabled", reused ? Py_True : Py_False,
                              "calls", (Py_ssize_t)calls, "passes", (Py_ssize_t)p->passes, "ranges",
                              (Py_ssize_t)n_ranges, "ranges_dropped", (Py_ssize_t)dropped_ranges,
@@ -1225,8 +1240,8 @@ static PyObject *profiler_profile(PyObject *self, PyObject *args, PyObject *kwar
                              "passes", t_passes - t_setup, "decode", t_decode - t_passes,
                              "evaluate", seconds_now() - t_decode, "setup_seconds", "counter_data",
                              t_counter - t_start, "set_config", t_config - t_counter, "trace",
-                             t_setup - t_config, "pass_seconds", "start", t_begin, "call", t_call,
-                             "sync", t_sync, "stop", t_end));
+                             t_setup - t_config, "pass_seconds", "before", t_before, "start",
+                             t_begin, "call", t_call, "sync", t_sync, "stop", t_end));
     if (p->last_run == NULL)
         goto error;
     if (dropped_ranges > 0 &&

@@ -286,7 +286,7 @@ class _Evaluation:
         self.poison = None
         self.l2 = None
         self.harness_stream = None
-        self.flush_buffer = self.clean_buffer = None
+        self.flush = None
         self.hooks = None
         self.candidate_module = None
         self.settings = None
@@ -407,8 +407,7 @@ class _Evaluation:
             "reference",
             "ref_module",
             "timed_buffers",
-            "flush_buffer",
-            "clean_buffer",
+            "flush",
         ):
             self.__dict__.pop(name, None)
         self.poison = None
@@ -729,19 +728,13 @@ class _Evaluation:
         return max(1, min(want, fit))
 
     def make_flush_buffer(self) -> None:
-        torch = self.torch
-        props = torch.cuda.get_device_properties(self.device)
-        l2 = int(getattr(props, "L2_cache_size", 0) or 0) or (50 << 20)
-        self.l2_bytes = l2
-        size = max(4 * l2, 128 << 20)
-        self.flush_buffer = torch.empty(size, dtype=torch.int8, device=self.device)
-        # Writing the flush leaves L2 full of dirty lines, whose write-back the next kernel pays
-        # for (on the H200, ~20 us more than ncu's cache flush on two 0.2 ms kernels): reading
-        # twice the L2 afterwards leaves it holding clean lines only.
-        self.clean_buffer = torch.zeros(max(2 * l2, 64 << 20) // 4, device=self.device)
-        self.result.timing["l2_bytes"] = l2
-        self.result.timing["l2_flush_bytes"] = size
-        self.result.timing["l2_flush"] = "write 4x L2, then read 2x L2 (clean lines)"
+        from .profiler import L2Flush
+
+        self.flush = L2Flush(self.device)
+        self.l2_bytes = self.flush.l2_bytes
+        self.result.timing["l2_bytes"] = self.flush.l2_bytes
+        self.result.timing["l2_flush_bytes"] = self.flush.bytes
+        self.result.timing["l2_flush"] = L2Flush.DESCRIPTION
 
     def prepare_run(self, buffers: list, seed: int | None, index: int) -> None:
         """Before a run, on the harness stream (outside the events): fresh values into the
@@ -757,10 +750,7 @@ class _Evaluation:
         with torch.cuda.stream(side):
             if seed is not None:
                 _refill(buffers, self.problem.make_inputs(seed, self.device, self.ref_module))
-            # never 0: a zero fill may become a memset, which CUPTI's kernel records miss (the
-            # tracer's calibration finds the harness stream from this fill's kernel)
-            self.flush_buffer.fill_(index % 127 + 1)
-            self.clean_buffer.sum()
+            self.flush(index)
         main.wait_stream(side)
 
     def measure(self, model, who: str, sets: int, tracer) -> _Measurement:

@@ -396,6 +396,30 @@ def test_kept_range_profiler_is_reused_and_released(mod, matmul_case):
     assert profiler.last_run["reused_enabled"] is False
 
 
+def test_l2_flush_before_each_pass_reads_the_inputs_from_dram(mod):
+    """An add over 8 MB of inputs stays in the 50 MB L2 between passes: with the flush before
+    each pass every pass reads them from DRAM (as ncu's --cache-control all), without it they
+    come from L2."""
+    n = 1 << 20
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    c = torch.empty_like(a)
+
+    def forward():
+        mod.add(((n + 255) // 256,), (256,), (a, b, c, n))
+
+    read = "dram__bytes_read.sum"
+    got = {}
+    for flush in (True, False):
+        result = prof.profile_forward(
+            forward, metrics=[read, "sm__inst_executed.sum"], ceilings=False, flush_l2=flush
+        )
+        assert result.reason is None and result.l2_flushed is flush
+        got[flush] = result.kernels[0].metrics[read]
+    inputs = 2 * 4 * n
+    assert got[True] == pytest.approx(inputs, rel=0.1)
+    assert got[False] < 0.1 * inputs
+
+
 def test_no_profiler_is_made_while_a_profile_runs(mod, matmul_case):
     """Making a Profiler reads counter availability, which needs the kept Range Profiler gone:
     while a profile() is using it, the new Profiler is refused and the running profile ends well."""

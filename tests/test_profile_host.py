@@ -326,8 +326,10 @@ class _FakeProfiler:
 
     kept: ClassVar[list[bool]] = []
 
-    def profile(self, fn, max_kernels=256, replay="kernel", keep=False):
+    def profile(self, fn, max_kernels=256, replay="kernel", keep=False, before=None):
         for _ in range(self.passes if replay == "user" else 1):
+            if before is not None:
+                before()
             fn()
         self.replays.append(replay)
         _FakeProfiler.kept.append(keep)
@@ -381,6 +383,8 @@ def fake_gpu(monkeypatch, host_api):
     monkeypatch.setattr(prof, "_prepare", lambda device: None)
     monkeypatch.setattr(prof, "_core", fake)
     monkeypatch.setattr(prof, "_profilers", {})
+    fake.flushes = []
+    monkeypatch.setattr(prof, "l2_flush", lambda device: lambda: fake.flushes.append(device))
     _FakeProfiler.named, _FakeProfiler.refuse, _FakeProfiler.kept = True, None, []
     return fake
 
@@ -404,6 +408,7 @@ def test_profile_forward_assembles_kernels(fake_gpu, named):
     )
     assert len(calls) == 2 + 10 + 6  # warm-up, timed iterations, one call per profiler pass
     assert _FakeProfiler.kept[-1] is False  # the user's process does not keep it enabled
+    assert fake_gpu.flushes == [0] * 6 and result.l2_flushed  # the L2 flushed before each pass
     assert result.reason is None and result.chip == "GH100" and result.passes == 6
     assert [k.name for k in result.kernels] == ["matmul", "add"]  # by time per forward
     matmul, add = result.kernels
@@ -446,9 +451,11 @@ def test_profile_keywords_parse_before_the_device_check(host_api):
     """profile()'s keywords (names, keep) are parsed in C before anything touches a GPU: an
     offline Profiler refuses with its own reason, not an argument error."""
     p = _core.Profiler(["dram__bytes_read.sum"], chip="GH100")
-    for kw in ({}, {"keep": True}, {"names": False, "keep": True, "replay": "user"}):
+    for kw in ({}, {"keep": True}, {"names": False, "keep": True, "replay": "user", "before": len}):
         with pytest.raises(ValueError, match="offline"):
             p.profile(lambda: None, max_kernels=3, **kw)
     with pytest.raises(TypeError):
         p.profile(lambda: None, keep=True, bogus=1)
+    with pytest.raises(TypeError, match="before must be None or callable"):
+        p.profile(lambda: None, before=3)
     assert _core.profiler_release() is False  # nothing was enabled
