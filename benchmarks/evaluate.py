@@ -200,8 +200,9 @@ def ncu_kernel_times(case: Case, own: list[str], args, scratch: Path) -> dict | 
     return {name: statistics.fmean(v) for name, v in per_kernel.items()}
 
 
-def ncu_target(case: Case, full_size: bool) -> None:
-    """What ncu profiles: the candidate's forward, 25 times on one input (L2 flushed by ncu)."""
+def ncu_target(case: Case, full_size: bool, sets: int = 4) -> None:
+    """What ncu profiles: the candidate's forward, 25 times, rotating among `sets` input sets as
+    the timed runs do (4 by default; L2 flushed by ncu)."""
     import torch
 
     problem = case.problem(full_size)
@@ -210,10 +211,10 @@ def ncu_target(case: Case, full_size: bool) -> None:
     exec(compile(case.source("fast"), f"{case.name}.py", "exec"), namespace)  # noqa: S102
     torch.manual_seed(0)
     model = namespace["ModelNew"](*module.get_init_inputs()).cuda()
-    inputs = problem.make_inputs(1, "cuda", module)
+    inputs = [problem.make_inputs(1 + k, "cuda", module) for k in range(sets)]
     with torch.no_grad():
-        for _ in range(25):
-            model(*inputs)
+        for i in range(25):
+            model(*inputs[i % sets])
     torch.cuda.synchronize()
 
 
@@ -393,6 +394,7 @@ def main(argv=None) -> int:
                    help="run the paper's way for this many problems at once, after cudaforge's")
     p.add_argument("--paper-way", help=argparse.SUPPRESS)
     p.add_argument("--ncu-target", help=argparse.SUPPRESS)
+    p.add_argument("--ncu-sets", type=int, default=4, help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     by_name = {c.name: c for c in CASES}
@@ -401,7 +403,7 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(result))
         return 0
     if args.ncu_target:
-        ncu_target(by_name[args.ncu_target], args.full_size)
+        ncu_target(by_name[args.ncu_target], args.full_size, args.ncu_sets)
         return 0
     if not args.out:
         p.error("--out is required")

@@ -31,14 +31,16 @@ OWN = {
     "l1_088_gelu": "gelu_tanh",
     "l2_001_conv_relu_bias": "relu_bias",
 }
-# (label, refill the inputs, flush: None | "write" | "write+read", idle seconds before the launch)
+# (label, input sets rotated, refill the inputs, flush: None | "write" | "write+read",
+#  idle seconds before the launch)
 CONDITIONS = [
-    ("as timed: fresh inputs, flush write+read", True, "write+read", 0.0),
-    ("flush write+read", False, "write+read", 0.0),
-    ("flush write only", False, "write", 0.0),
-    ("no flush", False, None, 0.0),
-    ("flush write+read, 3 ms idle before", False, "write+read", 0.003),
-    ("no flush, 3 ms idle before", False, None, 0.003),
+    ("as timed: 4 input sets, fresh inputs, flush write+read", 4, True, "write+read", 0.0),
+    ("4 input sets, flush write+read", 4, False, "write+read", 0.0),
+    ("4 input sets, flush write only", 4, False, "write", 0.0),
+    ("4 input sets, no flush", 4, False, None, 0.0),
+    ("4 input sets, flush write+read, 3 ms idle before", 4, False, "write+read", 0.003),
+    ("1 input set, flush write+read", 1, False, "write+read", 0.0),
+    ("1 input set, no flush", 1, False, None, 0.0),
 ]
 
 
@@ -103,7 +105,7 @@ def measure(case: Case, seconds: float) -> list[dict]:
     prefix = OWN[case.name]
     rows = []
     with torch.no_grad():
-        for label, refill, how, idle in CONDITIONS:
+        for label, n_sets, refill, how, idle in CONDITIONS:
             for k in range(8):  # warm
                 model(*sets[k % 4])
             torch.cuda.synchronize()
@@ -112,7 +114,7 @@ def measure(case: Case, seconds: float) -> list[dict]:
             started, i = time.perf_counter(), 0
             with clocks:
                 while time.perf_counter() - started < seconds:
-                    k = i % 4
+                    k = i % n_sets
                     if refill:
                         fresh = problem.make_inputs(1000 + i, "cuda", module)
                         for dst, src in zip(sets[k], fresh, strict=True):
@@ -144,14 +146,15 @@ def measure(case: Case, seconds: float) -> list[dict]:
     return rows
 
 
-def ncu(case: Case, cache: str) -> dict:
+def ncu(case: Case, cache: str, sets: int) -> dict:
     tool = find_ncu()
     if tool is None:
         return {"error": "ncu not found"}
     metrics = "gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second"
     command = [tool, "--csv", "--metrics", metrics, "--clock-control", "none", "--cache-control",
                cache, "--kernel-name", f"regex:^{OWN[case.name]}", "--launch-count", "20",
-               sys.executable, str(HERE / "evaluate.py"), "--ncu-target", case.name]  # fmt: skip
+               sys.executable, str(HERE / "evaluate.py"), "--ncu-target", case.name,
+               "--ncu-sets", str(sets)]  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     values: dict[str, list[float]] = {}
     header = None
@@ -164,7 +167,7 @@ def ncu(case: Case, cache: str) -> dict:
             row = dict(zip(header, cells, strict=True))
             unit = row.get("Metric Unit", "")
             value = float(row["Metric Value"].replace(",", ""))
-            value *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "Ghz": 1e3,
+            value *= {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "Ghz": 1e3,
                       "Mhz": 1.0, "hz": 1e-6, "cycle/nsecond": 1e3,
                       "cycle/usecond": 1.0, "cycle/second": 1e-6}.get(unit, 1.0)  # fmt: skip
             values.setdefault(row["Metric Name"], []).append(value)
@@ -172,7 +175,7 @@ def ncu(case: Case, cache: str) -> dict:
         return {"error": (proc.stderr or proc.stdout)[-1500:]}
     t = values.get("gpu__time_duration.sum", [])
     f = values.get("sm__cycles_elapsed.avg.per_second", [])
-    return {"cache": cache, "median_us": statistics.median(t) if t else None,
+    return {"cache": cache, "sets": sets, "median_us": statistics.median(t) if t else None,
             "mean_us": statistics.fmean(t) if t else None,
             "sm_mhz_median": statistics.median(f) if f else None, "n": len(t)}  # fmt: skip
 
@@ -190,10 +193,10 @@ def main() -> None:
     for name in args.cases.split(","):
         rows += measure(by_name[name], args.seconds)
     for name in args.cases.split(","):
-        for cache in ("all", "none"):
-            got = {"case": name, **ncu(by_name[name], cache)}
+        for cache, sets in (("all", 4), ("all", 1)):
+            got = {"case": name, **ncu(by_name[name], cache, sets)}
             ncu_rows.append(got)
-            print(f"ncu {name} cache-control {cache}: {got}", flush=True)
+            print(f"ncu {name} cache-control {cache}, {sets} input set(s): {got}", flush=True)
     (out / "kernel_time_conditions.json").write_text(
         json.dumps({"conditions": rows, "ncu": ncu_rows}, indent=2)
     )
@@ -204,7 +207,8 @@ def main() -> None:
                      f"{r['mean_us']:.2f} | {r.get('sm_mhz_median')} | {r.get('power_w_median')}"
                      f" | {r.get('reasons')} |")  # fmt: skip
     for r in ncu_rows:
-        lines.append(f"| {r['case']} | ncu --cache-control {r.get('cache')} | "
+        lines.append(f"| {r['case']} | ncu --cache-control {r.get('cache')}, {r.get('sets')} "
+                     f"input set(s) | "
                      f"{r.get('median_us')} | {r.get('mean_us')} | {r.get('sm_mhz_median')} | - "
                      f"| - |")  # fmt: skip
     (out / "kernel_time_conditions.md").write_text("\n".join(lines) + "\n")

@@ -355,7 +355,7 @@ def test_unnamed_profile_and_pass_timing(mod, matmul_case):
     assert len(ranges) == 1 and ranges[0]["name"] is None
     assert "names=False" in run["names_note"]
     parts = run["pass_seconds"]
-    assert set(parts) == {"start", "call", "sync", "stop"}
+    assert set(parts) == {"before", "start", "call", "sync", "stop"}
     assert all(v >= 0 for v in parts.values())
     assert 0 < sum(parts.values()) <= run["seconds"]["passes"] * 1.01
     with pytest.raises(TypeError):
@@ -396,28 +396,30 @@ def test_kept_range_profiler_is_reused_and_released(mod, matmul_case):
     assert profiler.last_run["reused_enabled"] is False
 
 
-def test_l2_flush_before_each_pass_reads_the_inputs_from_dram(mod):
-    """An add over 8 MB of inputs stays in the 50 MB L2 between passes: with the flush before
-    each pass every pass reads them from DRAM (as ncu's --cache-control all), without it they
-    come from L2."""
+def test_before_runs_once_per_pass_outside_the_ranges(mod):
+    """profile(before=...) runs before every pass, and what it launches (here an L2 flush) is
+    not profiled; the add after the flush reads its 8 MB of inputs from DRAM."""
     n = 1 << 20
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     c = torch.empty_like(a)
+    calls = []
+    flush = prof.l2_flush(0)
+
+    def before():
+        calls.append(1)
+        flush()
 
     def forward():
         mod.add(((n + 255) // 256,), (256,), (a, b, c, n))
 
-    read = "dram__bytes_read.sum"
-    got = {}
-    for flush in (True, False):
-        result = prof.profile_forward(
-            forward, metrics=[read, "sm__inst_executed.sum"], ceilings=False, flush_l2=flush
-        )
-        assert result.reason is None and result.l2_flushed is flush
-        got[flush] = result.kernels[0].metrics[read]
-    inputs = 2 * 4 * n
-    assert got[True] == pytest.approx(inputs, rel=0.1)
-    assert got[False] < 0.1 * inputs
+    profiler = _core.Profiler(prof.check_metrics(prof.METRICS, "GH100").collect, device=0)
+    ranges = profiler.profile(forward, replay="user", before=before)
+    assert profiler.passes >= 2 and len(calls) == profiler.passes
+    assert [r["name"] for r in ranges] == ["add"]
+    assert ranges[0]["metrics"]["dram__bytes_read.sum"] == pytest.approx(2 * 4 * n, rel=0.1)
+    assert profiler.last_run["pass_seconds"]["before"] > 0
+    result = prof.profile_forward(forward, metrics=["dram__bytes_read.sum"], ceilings=False)
+    assert result.l2_flushed and result.reason is None
 
 
 def test_no_profiler_is_made_while_a_profile_runs(mod, matmul_case):
