@@ -1,8 +1,9 @@
 """Diagnosis: why a kernel's CUPTI time in the timed runs can differ from Nsight Compute's
 gpu__time_duration.sum. Times the candidate's own kernels of a few evaluate.py cases under
-several conditions (with and without the L2 flush, fresh inputs, idle gaps before each launch),
-with the SM clock, power and clock-event reasons sampled through NVML meanwhile, then runs ncu on
-the same kernels (also reading the SM clock it saw). Writes kernel_time_conditions.json/.md.
+several conditions (as timed; with CUDA events instead of the CUPTI trace; with the inputs
+moved in memory), with the SM clock, power and clock-event reasons sampled through NVML
+meanwhile, then runs ncu on the same kernels (also reading the SM clock it saw). Writes
+kernel_time_conditions.json/.md.
 
     python benchmarks/kernel_time_conditions.py --out $OUT/bench        # on the H200
 """
@@ -31,16 +32,15 @@ OWN = {
     "l1_088_gelu": "gelu_tanh",
     "l2_001_conv_relu_bias": "relu_bias",
 }
-# (label, input sets rotated, refill the inputs, flush: None | "write" | "write+read",
-#  idle seconds before the launch)
+# Seen on the H200 (2026-12-02): the SM clock (1980 MHz, no clock-event reason), idle gaps
+# before the launch and 1 vs 4 input sets change nothing; flushing with writes only or not at all
+# adds ~3 us. Left to test: where the buffers lie in memory (a pad allocated before copies of
+# the inputs moves them), and the CUPTI trace itself (CUDA events alone).
+# (label, pad MB before the inputs' copies or None for the 4 rotating sets, CUPTI trace)
 CONDITIONS = [
-    ("as timed: 4 input sets, fresh inputs, flush write+read", 4, True, "write+read", 0.0),
-    ("4 input sets, flush write+read", 4, False, "write+read", 0.0),
-    ("4 input sets, flush write only", 4, False, "write", 0.0),
-    ("4 input sets, no flush", 4, False, None, 0.0),
-    ("4 input sets, flush write+read, 3 ms idle before", 4, False, "write+read", 0.003),
-    ("1 input set, flush write+read", 1, False, "write+read", 0.0),
-    ("1 input set, no flush", 1, False, None, 0.0),
+    ("as timed: 4 input sets, fresh inputs, flush", None, True),
+    ("as timed, CUDA events only (no CUPTI trace)", None, False),
+    *[(f"1 input set copied after a {pad} MB pad, flush", pad, True) for pad in (0, 2, 6, 14, 62)],
 ]
 
 
@@ -90,6 +90,7 @@ def measure(case: Case, seconds: float) -> list[dict]:
     import torch
 
     from cudaforge import _core, _libs
+    from cudaforge.profiler import l2_flush
 
     _libs.ensure("cupti")
     problem = case.problem()
@@ -99,41 +100,51 @@ def measure(case: Case, seconds: float) -> list[dict]:
     torch.manual_seed(0)
     model = namespace["ModelNew"](*module.get_init_inputs()).cuda()
     sets = [problem.make_inputs(k, "cuda", module) for k in range(4)]
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = torch.empty(4 * l2, dtype=torch.int8, device="cuda")
-    clean = torch.zeros(2 * l2 // 4, device="cuda")
+    flush = l2_flush(0)
     prefix = OWN[case.name]
     rows = []
     with torch.no_grad():
-        for label, n_sets, refill, how, idle in CONDITIONS:
+        for label, pad, trace in CONDITIONS:
+            if pad is None:
+                use, refill = sets, True
+            else:
+                spacer = torch.empty(pad << 20, dtype=torch.int8, device="cuda")
+                use = [[t.clone() if torch.is_tensor(t) else t for t in sets[0]]]
+                refill = False
             for k in range(8):  # warm
-                model(*sets[k % 4])
+                model(*use[k % len(use)])
             torch.cuda.synchronize()
-            clocks = Clocks()
-            _core.timing_start()
+            clocks, events = Clocks(), []
+            if trace:
+                _core.timing_start()
             started, i = time.perf_counter(), 0
             with clocks:
                 while time.perf_counter() - started < seconds:
-                    k = i % n_sets
+                    k = i % len(use)
                     if refill:
                         fresh = problem.make_inputs(1000 + i, "cuda", module)
-                        for dst, src in zip(sets[k], fresh, strict=True):
+                        for dst, src in zip(use[k], fresh, strict=True):
                             if torch.is_tensor(dst):
                                 dst.copy_(src)
-                    if how is not None:
-                        flush.fill_(i % 127 + 1)
-                        if how == "write+read":
-                            clean.sum()
-                    if idle:
-                        torch.cuda.synchronize()
-                        time.sleep(idle)
-                    model(*sets[k])
+                    flush(i)
+                    if not trace:
+                        events.append((torch.cuda.Event(enable_timing=True),
+                                       torch.cuda.Event(enable_timing=True)))  # fmt: skip
+                        events[-1][0].record()
+                    model(*use[k])
+                    if not trace:
+                        events[-1][1].record()
                     i += 1
                     if i % 16 == 0:
                         torch.cuda.synchronize()
                 torch.cuda.synchronize()
-            records = _core.timing_stop()
-            own = [r["duration_ns"] / 1e3 for r in records if r["name"].startswith(prefix)]
+            if trace:
+                records = _core.timing_stop()
+                own = [r["duration_ns"] / 1e3 for r in records if r["name"].startswith(prefix)]
+            else:
+                own = [s.elapsed_time(e) * 1e3 for s, e in events]
+            if pad is not None:
+                del spacer, use
             row = {"case": case.name, "condition": label, "launches": len(own),
                    "median_us": statistics.median(own) if own else None,
                    "mean_us": statistics.fmean(own) if own else None,
