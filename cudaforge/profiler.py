@@ -801,7 +801,8 @@ def profile_forward(
       torch.profiler or Nsight may want the counters next.
     - `flush_l2`: flush the L2 before each profiler pass (outside the profiled range), so that
       every pass, and every candidate, starts cold, as Nsight Compute's default
-      `--cache-control all` does; False leaves the cache as the previous pass left it.
+      `--cache-control all` does (its buffers, 6x the L2, stay allocated for the process); False
+      leaves the cache as the previous pass left it.
 
     - `min_bytes`: the fewest DRAM bytes the problem needs (inputs read + outputs written), for
       the forward's speed-of-light time; `flops`: FLOPs of the forward, or {kernel name: FLOPs}.
