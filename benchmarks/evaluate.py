@@ -163,24 +163,35 @@ def run_paper_way(case: Case, args, scratch: Path) -> dict:
 # ====================================================================== ncu
 
 
-def ncu_kernel_times(case: Case, own: list[str], args, scratch: Path) -> dict | None:
-    """Nsight Compute's gpu__time_duration.sum (us) per own kernel of the candidate, over 20
-    launches, with clocks not locked (as in the timed runs) and caches flushed (as there)."""
-    ncu = find_ncu()
-    if ncu is None or not own:
-        return None
+# ncu's units to microseconds (times) and megahertz (rates): what the callers report in
+NCU_SCALE = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
+             "Ghz": 1e3, "Mhz": 1.0, "hz": 1e-6, "cycle/nsecond": 1e3, "cycle/usecond": 1.0,
+             "cycle/second": 1e-6}  # fmt: skip
+
+
+def ncu_values(
+    case: Case, own: list[str], metrics: list[str], *, full_size: bool = False,
+    cache: str = "all", sets: int = 4, scratch: Path | None = None, timeout: float = 900,
+) -> dict:  # fmt: skip
+    """{kernel name: {metric: [value per launch]}} from ncu over ncu_target (20 launches of the
+    kernels named `own`, clocks not locked as in the timed runs, `cache` control), times in us
+    and rates in MHz; or {"error": why} when ncu is missing or reported nothing."""
+    tool = find_ncu()
+    if tool is None:
+        return {"error": "ncu not found"}
     regex = "regex:^(" + "|".join(re.escape(k) for k in own) + ")"
-    command = [ncu, "--csv", "--metrics", "gpu__time_duration.sum", "--clock-control", "none",
-               "--cache-control", "all", "--kernel-name", regex, "--launch-count", "20",
-               sys.executable, __file__, "--ncu-target", case.name]  # fmt: skip
-    if args.full_size:
+    command = [tool, "--csv", "--metrics", ",".join(metrics), "--clock-control", "none",
+               "--cache-control", cache, "--kernel-name", regex, "--launch-count", "20",
+               sys.executable, __file__, "--ncu-target", case.name, "--ncu-sets", str(sets)]  # fmt: skip
+    if full_size:
         command.append("--full-size")
-    env = {**os.environ, "CUDAFORGE_CACHE_DIR": str(scratch / "ncu_cache")}
+    env = dict(os.environ)
+    if scratch is not None:
+        env["CUDAFORGE_CACHE_DIR"] = str(scratch / "ncu_cache")
     proc = subprocess.run(
-        command, capture_output=True, text=True, timeout=900, env=env, check=False
+        command, capture_output=True, text=True, timeout=timeout, env=env, check=False
     )
-    per_kernel: dict[str, list[float]] = {}
-    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+    found: dict[str, dict[str, list[float]]] = {}
     header = None
     for line in proc.stdout.splitlines():
         cells = [c.strip('"') for c in re.findall(r'"(?:[^"]|"")*"|[^,]+', line)]
@@ -190,14 +201,29 @@ def ncu_kernel_times(case: Case, own: list[str], args, scratch: Path) -> dict | 
         if header is None or len(cells) != len(header):
             continue
         row = dict(zip(header, cells, strict=True))
-        if row.get("Metric Name") != "gpu__time_duration.sum":
+        if row.get("Metric Name") not in metrics:
             continue
         value = float(row["Metric Value"].replace(",", ""))
         name = row["Kernel Name"].split("(")[0].strip()
-        per_kernel.setdefault(name, []).append(value * scale.get(row.get("Metric Unit", "ns"), 1))
-    if not per_kernel:
+        per_metric = found.setdefault(name, {})
+        per_metric.setdefault(row["Metric Name"], []).append(
+            value * NCU_SCALE.get(row.get("Metric Unit", "ns"), 1)
+        )
+    if not found:
         return {"error": (proc.stderr or proc.stdout)[-2000:]}
-    return {name: statistics.fmean(v) for name, v in per_kernel.items()}
+    return found
+
+
+def ncu_kernel_times(case: Case, own: list[str], args, scratch: Path) -> dict | None:
+    """Nsight Compute's gpu__time_duration.sum (us) per own kernel of the candidate, over 20
+    launches, with clocks not locked (as in the timed runs) and caches flushed (as there)."""
+    if find_ncu() is None or not own:
+        return None
+    metric = "gpu__time_duration.sum"
+    found = ncu_values(case, own, [metric], full_size=args.full_size, scratch=scratch)
+    if "error" in found:
+        return found
+    return {name: statistics.fmean(v[metric]) for name, v in found.items()}
 
 
 def ncu_target(case: Case, full_size: bool, sets: int = 4) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -22,8 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from evaluate import CASES, Case
-from ncu_tools import find_ncu
+from evaluate import CASES, Case, ncu_values
 
 # case -> prefix of its own kernels' names (cudaforge/examples/)
 OWN = {
@@ -158,34 +156,13 @@ def measure(case: Case, seconds: float) -> list[dict]:
 
 
 def ncu(case: Case, cache: str, sets: int) -> dict:
-    tool = find_ncu()
-    if tool is None:
-        return {"error": "ncu not found"}
-    metrics = "gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second"
-    command = [tool, "--csv", "--metrics", metrics, "--clock-control", "none", "--cache-control",
-               cache, "--kernel-name", f"regex:^{OWN[case.name]}", "--launch-count", "20",
-               sys.executable, str(HERE / "evaluate.py"), "--ncu-target", case.name,
-               "--ncu-sets", str(sets)]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    values: dict[str, list[float]] = {}
-    header = None
-    for line in proc.stdout.splitlines():
-        cells = [c.strip('"') for c in line.split('","')]
-        if "Metric Name" in cells:
-            header = cells
-            continue
-        if header and len(cells) == len(header):
-            row = dict(zip(header, cells, strict=True))
-            unit = row.get("Metric Unit", "")
-            value = float(row["Metric Value"].replace(",", ""))
-            value *= {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "Ghz": 1e3,
-                      "Mhz": 1.0, "hz": 1e-6, "cycle/nsecond": 1e3,
-                      "cycle/usecond": 1.0, "cycle/second": 1e-6}.get(unit, 1.0)  # fmt: skip
-            values.setdefault(row["Metric Name"], []).append(value)
-    if not values:
-        return {"error": (proc.stderr or proc.stdout)[-1500:]}
-    t = values.get("gpu__time_duration.sum", [])
-    f = values.get("sm__cycles_elapsed.avg.per_second", [])
+    time_m, clock_m = "gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second"
+    found = ncu_values(case, [OWN[case.name]], [time_m, clock_m], cache=cache, sets=sets,
+                       timeout=600)  # fmt: skip
+    if "error" in found:
+        return found
+    t = [v for per in found.values() for v in per.get(time_m, [])]
+    f = [v for per in found.values() for v in per.get(clock_m, [])]
     return {"cache": cache, "sets": sets, "median_us": statistics.median(t) if t else None,
             "mean_us": statistics.fmean(t) if t else None,
             "sm_mhz_median": statistics.median(f) if f else None, "n": len(t)}  # fmt: skip
