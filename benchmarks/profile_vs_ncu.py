@@ -190,22 +190,30 @@ def parse_ncu_csv(text: str) -> dict[str, float]:
     return out
 
 
+def ncu_once(ncu: str, metrics: list[str], kernel: str, child: list[str], options: list[str]):
+    """ncu reading `metrics` (raw page, base units) of the first launch of `kernel` in a fresh
+    Python running this script with `child` arguments. Returns (values, the completed process,
+    wall seconds, the command)."""
+    cmd = [
+        ncu, "--metrics", ",".join(metrics), *options, "--csv", "--page", "raw",
+        "--print-units", "base", "--kernel-name", kernel, "--launch-count", "1",
+        sys.executable, os.path.abspath(__file__), *child,
+    ]  # fmt: skip
+    started = time.perf_counter()
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    return parse_ncu_csv(run.stdout), run, seconds, cmd
+
+
 def run_ncu(ncu: str, name: str, metrics: list[str], cache_control: str) -> dict:
     """Profile one launch of `name` in a fresh Python under ncu; drop metric names ncu does not
     know and retry. Returns values, rejected names, wall seconds of the successful run."""
     rejected: list[str] = []
     wanted = list(metrics)
+    options = ["--clock-control", "none", "--cache-control", cache_control, "--replay-mode",
+               "kernel"]  # fmt: skip
     for _ in range(4):
-        cmd = [
-            ncu, "--metrics", ",".join(wanted), "--clock-control", "none",
-            "--cache-control", cache_control, "--replay-mode", "kernel", "--csv", "--page", "raw",
-            "--print-units", "base", "--kernel-name", name, "--launch-count", "1",
-            sys.executable, os.path.abspath(__file__), "--child", name,
-        ]  # fmt: skip
-        started = time.perf_counter()
-        run = subprocess.run(cmd, check=False, capture_output=True, text=True)
-        seconds = time.perf_counter() - started
-        values = parse_ncu_csv(run.stdout)
+        values, run, seconds, cmd = ncu_once(ncu, wanted, name, ["--child", name], options)
         if values:
             return {"values": values, "rejected": rejected, "seconds": seconds, "cmd": cmd}
         text = run.stdout + run.stderr
@@ -255,15 +263,8 @@ def paper_ncu(ncu: str, metrics: list[str], rejected: list[str]) -> dict:
 
     wanted = [m for m in metrics if m not in rejected]
     with tempfile.TemporaryDirectory() as build_dir:
-        cmd = [
-            ncu, "--metrics", ",".join(wanted), "--csv", "--page", "raw", "--print-units", "base",
-            "--kernel-name", "vector_add", "--launch-count", "1",
-            sys.executable, os.path.abspath(__file__), "--paper-child", build_dir,
-        ]  # fmt: skip
-        started = time.perf_counter()
-        run = subprocess.run(cmd, check=False, capture_output=True, text=True)
-        seconds = time.perf_counter() - started
-    values = parse_ncu_csv(run.stdout)
+        # ncu's defaults otherwise, as the paper's run_ncu.py leaves them
+        values, run, seconds, _ = ncu_once(ncu, wanted, "vector_add", ["--paper-child", build_dir], [])
     out = {"seconds": seconds, "metrics_read": len(values), "returncode": run.returncode}
     if not values:
         out["error"] = (run.stdout + run.stderr)[-3000:]
