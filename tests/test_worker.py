@@ -105,16 +105,19 @@ def test_a_hang_while_loading_uses_the_compile_timeout(pool):
 
 
 def test_evaluations_run_in_parallel_across_workers(pool, tmp_path):
-    # each candidate records when its __init__ sleeps: the two intervals must overlap
-    def slow(tag):
-        log = str(tmp_path / tag)
+    # each candidate records when its __init__ starts and ends: the two intervals must overlap.
+    # It stays until the other has started (at most 20 s) and 1.5 s more, so that a worker
+    # dispatched late on a loaded machine still overlaps; run one after the other, they cannot.
+    def slow(tag, other):
+        log, seen = str(tmp_path / tag), str(tmp_path / other)
         return candidate(init_line=(
-            f"open({log!r}, 'a').write(f'{{time.time()}}\\n'); time.sleep(1.5); "
-            f"open({log!r}, 'a').write(f'{{time.time()}}\\n')"
+            f"open({log!r}, 'a').write(f'{{time.time()}}\\n'); t = time.time()\n"
+            f"        while not os.path.exists({seen!r}) and time.time() - t < 20: time.sleep(0.05)\n"
+            f"        time.sleep(1.5); open({log!r}, 'a').write(f'{{time.time()}}\\n')"
         ))  # fmt: skip
 
     assert pool.wait_ready(60)
-    results = pool.map(RELU, [slow("a"), slow("b")], **FAST)
+    results = pool.map(RELU, [slow("a", "b"), slow("b", "a")], **FAST)
     assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
     assert {r.worker for r in results} == {0, 1}
     (a0, a1), (b0, b1) = ([float(t) for t in (tmp_path / k).read_text().split()[:2]] for k in "ab")
