@@ -33,13 +33,26 @@ OWN = {
 # Seen on the H200 (2026-12-02): the SM clock (1980 MHz, no clock-event reason), idle gaps
 # before the launch and 1 vs 4 input sets change nothing; flushing with writes only or not at all
 # adds ~3 us. Left to test: where the buffers lie in memory (a pad allocated before copies of
-# the inputs moves them), and the CUPTI trace itself (CUDA events alone).
-# (label, pad MB before the inputs' copies or None for the 4 rotating sets, CUPTI trace)
+# the inputs moves them), the CUPTI trace itself (CUDA events alone), and the GPU's address
+# translations: the flush walks ~320 MB of other pages, ncu's cache control invalidates the
+# caches without touching memory, so "touch" reads one word per 64 KB of the inputs and of the
+# output's block after the flush (it warms the TLBs and leaves ~0.2% of their lines in L2).
+# (label, pad MB before the inputs' copies or None for the 4 rotating sets, CUPTI trace, touch)
 CONDITIONS = [
-    ("as timed: 4 input sets, fresh inputs, flush", None, True),
-    ("as timed, CUDA events only (no CUPTI trace)", None, False),
-    *[(f"1 input set copied after a {pad} MB pad, flush", pad, True) for pad in (0, 2, 6, 14, 62)],
+    ("as timed: 4 input sets, fresh inputs, flush", None, True, False),
+    ("as timed, CUDA events only (no CUPTI trace)", None, False, False),
+    ("as timed, then touch the inputs' and output's pages", None, True, True),
+    *[(f"1 input set copied after a {pad} MB pad, flush", pad, True, False) for pad in (0, 6, 62)],
 ]
+TOUCH_STRIDE = 64 << 10  # bytes between the words "touch" reads
+
+
+def touch(tensors) -> None:
+    """One word per TOUCH_STRIDE bytes of each tensor read by a tiny kernel (its sum)."""
+    for t in tensors:
+        flat = t.detach().reshape(-1)
+        if flat.numel():
+            flat[:: max(1, TOUCH_STRIDE // flat.element_size())].float().sum()
 
 
 class Clocks:
@@ -102,7 +115,7 @@ def measure(case: Case, seconds: float) -> list[dict]:
     prefix = OWN[case.name]
     rows = []
     with torch.no_grad():
-        for label, pad, trace in CONDITIONS:
+        for label, pad, trace, warm_pages in CONDITIONS:
             if pad is None:
                 use, refill = sets, True
             else:
@@ -110,7 +123,9 @@ def measure(case: Case, seconds: float) -> list[dict]:
                 use = [[t.clone() if torch.is_tensor(t) else t for t in sets[0]]]
                 refill = False
             for k in range(8):  # warm
-                model(*use[k % len(use)])
+                out = model(*use[k % len(use)])
+            shape, dtype = out.shape, out.dtype  # the output's block, reused by each forward
+            del out
             torch.cuda.synchronize()
             clocks, events = Clocks(), []
             if trace:
@@ -125,11 +140,15 @@ def measure(case: Case, seconds: float) -> list[dict]:
                             if torch.is_tensor(dst):
                                 dst.copy_(src)
                     flush(i)
+                    if warm_pages:
+                        block = torch.empty(shape, dtype=dtype, device="cuda")
+                        touch([*(t for t in use[k] if torch.is_tensor(t)), block])
+                        del block
                     if not trace:
                         events.append((torch.cuda.Event(enable_timing=True),
                                        torch.cuda.Event(enable_timing=True)))  # fmt: skip
                         events[-1][0].record()
-                    model(*use[k])
+                    model(*use[k])  # its output freed at once, as in the timed runs
                     if not trace:
                         events[-1][1].record()
                     i += 1
