@@ -1,9 +1,9 @@
 """Diagnosis: why a kernel's CUPTI time in the timed runs can differ from Nsight Compute's
-gpu__time_duration.sum. Times the candidate's own kernels of a few evaluate.py cases under
-several conditions (as timed; with CUDA events instead of the CUPTI trace; with the inputs
-moved in memory), with the SM clock, power and clock-event reasons sampled through NVML
-meanwhile, then runs ncu on the same kernels (also reading the SM clock it saw). Writes
-kernel_time_conditions.json/.md.
+gpu__time_duration.sum. Times the candidate's own kernels of a few evaluate.py cases with each
+means at hand (the CUPTI activity trace of either kind, CUDA events, the Range Profiler's
+gpu__time_duration with and without a trace running), with the SM clock, power and clock-event
+reasons sampled through NVML meanwhile, then runs ncu on the same kernels (also reading the SM
+clock it saw). Writes kernel_time_conditions.json/.md.
 
     python benchmarks/kernel_time_conditions.py --out $OUT/bench        # on the H200
 """
@@ -31,28 +31,21 @@ OWN = {
     "l2_001_conv_relu_bias": "relu_bias",
 }
 # Seen on the H200 (2026-12-02): the SM clock (1980 MHz, no clock-event reason), idle gaps
-# before the launch and 1 vs 4 input sets change nothing; flushing with writes only or not at all
-# adds ~3 us. Left to test: where the buffers lie in memory (a pad allocated before copies of
-# the inputs moves them), the CUPTI trace itself (CUDA events alone), and the GPU's address
-# translations: the flush walks ~320 MB of other pages, ncu's cache control invalidates the
-# caches without touching memory, so "touch" reads one word per 64 KB of the inputs and of the
-# output's block after the flush (it warms the TLBs and leaves ~0.2% of their lines in L2).
-# (label, pad MB before the inputs' copies or None for the 4 rotating sets, CUPTI trace, touch)
+# before the launch, 1 vs 4 input sets, where the inputs lie (behind 0-62 MB pads) and warming
+# the TLBs after the flush change nothing; flushing with writes only or not at all adds ~3 us.
+# CUDA events without the CUPTI trace read gelu 214.5 us where the traced runs read 231.5 us:
+# on this GPU the activity trace times kernels by instrumenting them (CUPTI's header: hardware
+# event timestamps are "only available on Blackwell"), which slows kernels of many short
+# blocks. These conditions time the same launches with each means at hand.
+# (label, how the kernel is timed)
 CONDITIONS = [
-    ("as timed: 4 input sets, fresh inputs, flush", None, True, False),
-    ("as timed, CUDA events only (no CUPTI trace)", None, False, False),
-    ("as timed, then touch the inputs' and output's pages", None, True, True),
-    *[(f"1 input set copied after a {pad} MB pad, flush", pad, True, False) for pad in (0, 6, 62)],
+    ("as timed: CUPTI activity trace (concurrent kernels)", "cupti"),
+    ("CUPTI activity trace, KERNEL kind (serialized)", "cupti_serial"),
+    ("CUDA events around the forward, no trace", "events"),
+    ("Range Profiler gpu__time_duration, no trace", "range"),
+    ("Range Profiler gpu__time_duration + naming trace", "range_named"),
 ]
-TOUCH_STRIDE = 64 << 10  # bytes between the words "touch" reads
-
-
-def touch(tensors) -> None:
-    """One word per TOUCH_STRIDE bytes of each tensor read by a tiny kernel (its sum)."""
-    for t in tensors:
-        flat = t.detach().reshape(-1)
-        if flat.numel():
-            flat[:: max(1, TOUCH_STRIDE // flat.element_size())].float().sum()
+DURATION = "gpu__time_duration.sum"
 
 
 class Clocks:
@@ -113,55 +106,50 @@ def measure(case: Case, seconds: float) -> list[dict]:
     sets = [problem.make_inputs(k, "cuda", module) for k in range(4)]
     flush = l2_flush(0)
     prefix = OWN[case.name]
+    prof = _core.Profiler([DURATION], device=0)
     rows = []
     with torch.no_grad():
-        for label, pad, trace, warm_pages in CONDITIONS:
-            if pad is None:
-                use, refill = sets, True
-            else:
-                spacer = torch.empty(pad << 20, dtype=torch.int8, device="cuda")
-                use = [[t.clone() if torch.is_tensor(t) else t for t in sets[0]]]
-                refill = False
+        for label, how in CONDITIONS:
             for k in range(8):  # warm
-                out = model(*use[k % len(use)])
-            shape, dtype = out.shape, out.dtype  # the output's block, reused by each forward
-            del out
+                model(*sets[k % 4])
             torch.cuda.synchronize()
-            clocks, events = Clocks(), []
-            if trace:
-                _core.timing_start()
+            clocks, events, own = Clocks(), [], []
+            if how.startswith("cupti"):
+                _core.timing_start(serial=how == "cupti_serial")
             started, i = time.perf_counter(), 0
             with clocks:
                 while time.perf_counter() - started < seconds:
-                    k = i % len(use)
-                    if refill:
-                        fresh = problem.make_inputs(1000 + i, "cuda", module)
-                        for dst, src in zip(use[k], fresh, strict=True):
-                            if torch.is_tensor(dst):
-                                dst.copy_(src)
+                    k = i % 4
+                    fresh = problem.make_inputs(1000 + i, "cuda", module)
+                    for dst, src in zip(sets[k], fresh, strict=True):
+                        if torch.is_tensor(dst):
+                            dst.copy_(src)
+                    i += 1
+                    if how.startswith("range"):  # the flush runs as `before`, outside the range
+                        ranges = prof.profile(lambda k=k: model(*sets[k]), max_kernels=64,
+                                              replay="user", keep=True, before=flush,
+                                              names=how == "range_named")  # fmt: skip
+                        mine = [r for r in ranges if (r["name"] or "").startswith(prefix)]
+                        # unnamed: the own kernel is the forward's last launch in these cases
+                        pick = mine[-1] if mine else ranges[-1]
+                        own.append(pick["metrics"][DURATION] / 1e3)
+                        continue
                     flush(i)
-                    if warm_pages:
-                        block = torch.empty(shape, dtype=dtype, device="cuda")
-                        touch([*(t for t in use[k] if torch.is_tensor(t)), block])
-                        del block
-                    if not trace:
+                    if how == "events":
                         events.append((torch.cuda.Event(enable_timing=True),
                                        torch.cuda.Event(enable_timing=True)))  # fmt: skip
                         events[-1][0].record()
-                    model(*use[k])  # its output freed at once, as in the timed runs
-                    if not trace:
+                    model(*sets[k])  # its output freed at once, as in the timed runs
+                    if how == "events":
                         events[-1][1].record()
-                    i += 1
                     if i % 16 == 0:
                         torch.cuda.synchronize()
                 torch.cuda.synchronize()
-            if trace:
+            if how.startswith("cupti"):
                 records = _core.timing_stop()
                 own = [r["duration_ns"] / 1e3 for r in records if r["name"].startswith(prefix)]
-            else:
+            elif how == "events":
                 own = [s.elapsed_time(e) * 1e3 for s, e in events]
-            if pad is not None:
-                del spacer, use
             row = {"case": case.name, "condition": label, "launches": len(own),
                    "median_us": statistics.median(own) if own else None,
                    "mean_us": statistics.fmean(own) if own else None,
@@ -171,6 +159,7 @@ def measure(case: Case, seconds: float) -> list[dict]:
                   f"mean ({len(own)} launches); SM {row.get('sm_mhz_median')} MHz (min "
                   f"{row.get('sm_mhz_min')}), {row.get('power_w_median')} W, reasons "
                   f"{row.get('reasons')}", flush=True)  # fmt: skip
+    _core.profiler_release()  # ncu needs the counters
     return rows
 
 
@@ -200,7 +189,7 @@ def main() -> None:
     for name in args.cases.split(","):
         rows += measure(by_name[name], args.seconds)
     for name in args.cases.split(","):
-        for cache, sets in (("all", 4), ("all", 1)):
+        for cache, sets in (("all", 4),):
             got = {"case": name, **ncu(by_name[name], cache, sets)}
             ncu_rows.append(got)
             print(f"ncu {name} cache-control {cache}, {sets} input set(s): {got}", flush=True)

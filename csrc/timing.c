@@ -1,5 +1,11 @@
-/* timing.c: per-kernel GPU timing with the CUPTI Activity API (CONCURRENT_KERNEL records: KERNEL
- * would serialize the kernels). _core.timing_start() / _core.timing_stop() -> list of dicts.
+/* timing.c: per-kernel GPU timing with the CUPTI Activity API. _core.timing_start() /
+ * _core.timing_stop() -> list of dicts.
+ *
+ * KERNEL records by default: they serialize the kernels, but time them as they run. The
+ * CONCURRENT_KERNEL kind (serial=False) lets kernels overlap; on GPUs before Blackwell CUPTI
+ * times those by instrumenting the kernels, and on the H200 that made a tanh-GELU kernel of 262k
+ * blocks read 226.9 us against 208.8 us with KERNEL records, 207.9 us from the Range Profiler's
+ * gpu__time_duration and 208.1 us from ncu (benchmarks/kernel_time_conditions.py, 2026-12-02).
  *
  * CUPTI hands filled buffers to a callback on its own thread, so the records are copied into C
  * memory under a mutex there, with no Python object touched; timing_stop() flushes, and only then
@@ -30,6 +36,7 @@ static struct {
     uint64_t dropped_over_limit;
     uint64_t buffers;
     int mode;
+    CUpti_ActivityKind kind; /* CONCURRENT_KERNEL, or KERNEL (serialized) when asked */
     /* Kernel names, interned for the life of the process: a record's name pointer belongs to
      * CUPTI and may not outlive the module that holds the kernel. */
     char **names;
@@ -166,7 +173,7 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 
 /* ---------------------------------------------------------------- sessions */
 
-static int begin(cf_state *st, int mode, size_t max_records)
+static int begin(cf_state *st, int mode, size_t max_records, CUpti_ActivityKind kind)
 {
     if (trace.mode != IDLE) {
         const char *who =
@@ -193,7 +200,8 @@ static int begin(cf_state *st, int mode, size_t max_records)
     pthread_mutex_unlock(&trace.lock);
     CF_CUPTI(cf_cupti.cuptiActivityRegisterTimestampCallback(monotonic_ns));
     CF_CUPTI(cf_cupti.cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
-    CF_CUPTI(cf_cupti.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    CF_CUPTI(cf_cupti.cuptiActivityEnable(kind));
+    trace.kind = kind;
     trace.mode = mode;
     return 0;
 error:
@@ -224,7 +232,7 @@ static int end(cf_state *st, int synchronize)
     Py_BEGIN_ALLOW_THREADS
     flushed = cf_cupti.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     Py_END_ALLOW_THREADS
-    disabled = cf_cupti.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    disabled = cf_cupti.cuptiActivityDisable(trace.kind);
     trace.mode = IDLE;
     if (failed)
         return -1;
@@ -262,7 +270,11 @@ static cf_kernel_record *take_records(size_t *count, uint64_t *dropped)
     return records;
 }
 
-int cf_trace_begin(cf_state *st) { return begin(st, PROFILER_TRACE, (size_t)1 << 20); }
+int cf_trace_begin(cf_state *st)
+{
+    /* KERNEL records: the naming trace runs during a pass, so it must not instrument kernels */
+    return begin(st, PROFILER_TRACE, (size_t)1 << 20, CUPTI_ACTIVITY_KIND_KERNEL);
+}
 
 int cf_trace_end(cf_state *st, cf_kernel_record **records, size_t *count, uint64_t *dropped)
 {
@@ -284,14 +296,17 @@ static PyObject *timing_start(PyObject *module, PyObject *args, PyObject *kwargs
 {
     cf_state *st = cf_get_state(module);
     Py_ssize_t max_records = 1 << 20;
-    static char *kwlist[] = {"max_records", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|n:timing_start", kwlist, &max_records))
+    int serial = 1;
+    static char *kwlist[] = {"max_records", "serial", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|n$p:timing_start", kwlist, &max_records,
+                                     &serial))
         return NULL;
     if (max_records < 1) {
         PyErr_SetString(PyExc_ValueError, "max_records must be >= 1");
         return NULL;
     }
-    if (begin(st, USER_TIMING, (size_t)max_records) < 0)
+    if (begin(st, USER_TIMING, (size_t)max_records,
+              serial ? CUPTI_ACTIVITY_KIND_KERNEL : CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -370,8 +385,11 @@ static PyObject *timing_clock_ns(PyObject *module, PyObject *unused)
 
 static PyMethodDef timing_methods[] = {
     {"timing_start", (PyCFunction)(void (*)(void))timing_start, METH_VARARGS | METH_KEYWORDS,
-     "timing_start(max_records=1048576): record every kernel execution from now on (CUPTI "
-     "activity, concurrent kernels). Raises ProfilerError(reason='another_subscriber') when "
+     "timing_start(max_records=1048576, *, serial=True): record every kernel execution from now "
+     "on. serial=True: CUPTI's KERNEL records, kernels serialized and timed without being "
+     "instrumented; serial=False: CONCURRENT_KERNEL records, kernels overlap as launched but "
+     "(before Blackwell) CUPTI instruments them, which slows kernels of many short blocks. Raises "
+     "ProfilerError(reason='another_subscriber') when "
      "another CUPTI client owns the process, reason='busy' when a trace already runs."},
     {"timing_stop", (PyCFunction)(void (*)(void))timing_stop, METH_VARARGS | METH_KEYWORDS,
      "timing_stop(synchronize=True) -> list of dict(name, start_ns, end_ns, duration_ns, stream, "

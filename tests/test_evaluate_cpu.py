@@ -421,6 +421,9 @@ def test_options_resolve_tolerances_and_refuse_unknowns():
         make_options(trials=0)
     with pytest.raises(ValueError, match="warmup_s"):
         make_options(warmup_s=-1)
+    with pytest.raises(ValueError, match="traced_runs"):
+        make_options(traced_runs=-1)
+    assert make_options().traced_runs == 20 and make_options(traced_runs=0).traced_runs == 0
 
 
 def test_check_outputs_handles_special_values_and_exact_dtypes():
@@ -470,7 +473,7 @@ def _evaluation(own_names=(), runs=2):
     from cudaforge.evaluate import _Evaluation
 
     result = EvalResult(problem="p")
-    run = _Evaluation(RELU, GOOD_RELU, make_options(timed_runs=runs), result, None)
+    run = _Evaluation(RELU, GOOD_RELU, make_options(timed_runs=50, traced_runs=runs), result, None)
     run.own_names = set(own_names)
     return run, result
 
@@ -522,11 +525,19 @@ def test_unmeasured_work_from_synchronized_runs_and_from_cupti():
     hidden = _Measurement([0.01], None, [], [1.5, 1.5], [0.01, 0.01])  # a side stream's 1.5 ms
     run.unmeasured_check(hidden, honest)
     assert "synchronized run took 1.5000 ms" in run.fired["unmeasured_work"]
+    # CUPTI's busy time is held against the events of the traced runs, not the timed ones
     run, r = _evaluation()
     r.candidate_ms = 0.01
+    r.timing.update(candidate_mean_ms=0.5, cupti_busy_ms=0.4)
+    traced = _Measurement([0.5], None, [], [0.03, 0.03], [0.01, 0.01], traced=[0.01, 0.01])
+    run.unmeasured_check(traced, honest)
+    assert "CUPTI saw the GPU busy 0.4000 ms" in run.fired["unmeasured_work"]
+    assert "measured 0.0100 ms" in run.fired["unmeasured_work"]
+    assert r.timing["candidate_traced_mean_ms"] == pytest.approx(0.01)
+    run, r = _evaluation()
     r.timing.update(candidate_mean_ms=0.01, cupti_busy_ms=0.4)
-    run.unmeasured_check(honest, honest)
-    assert "CUPTI saw the GPU busy" in run.fired["unmeasured_work"]
+    run.unmeasured_check(_Measurement([0.01], None, [], [0.03], [0.01], traced=[0.45]), honest)
+    assert "unmeasured_work" not in run.fired
 
 
 def test_the_tracer_drops_the_harness_stream_and_measures_busy_time():

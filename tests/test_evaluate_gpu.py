@@ -117,10 +117,19 @@ def test_a_correct_kernel_is_ok_timed_and_traced(pool):
     assert "persisting_l2" in r.guards_passed or "persisting_l2" in r.guards_skipped
     assert r.timing.get("cupti") == "on", r.timing  # CUPTI tracing works on the H200
     own = [k for k in r.kernels if k.own]
+    # the per-kernel times come from the 20 traced runs after the 30 timed ones: one call each
+    assert r.timing["runs"] == 30 and r.timing["traced_runs"] == 20
     assert [k.name for k in own] == ["relu_kernel"] and own[0].calls == 1
     assert r.own_kernel_share > 0.9
-    # kernel time within the event window
-    assert r.timing["cupti_kernel_ms"] <= r.timing["candidate_mean_ms"] * 1.05
+    # kernel time within the event window of the traced runs
+    assert r.timing["cupti_kernel_ms"] <= r.timing["candidate_traced_mean_ms"] * 1.05
+
+
+def test_no_traced_runs_no_per_kernel_times(pool):
+    r = pool.evaluate(RELU, GOOD, traced_runs=0, **RUNS)
+    assert r.status == "ok", r.error
+    assert r.kernels == [] and r.timing["traced_runs"] == 0
+    assert any("no per-kernel times" in n for n in r.notes), r.notes
 
 
 def test_a_wrong_kernel_is_incorrect(pool):
