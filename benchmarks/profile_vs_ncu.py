@@ -442,7 +442,7 @@ def markdown(report: dict) -> str:
             f"Device: {report['device']}; ncu: {report['ncu_version']}; ncu cache control: "
             f"{report['ncu_cache_control']} (cudaforge "
             f"{'flushes' if report['ncu_cache_control'] == 'all' else 'does not flush'} the L2 "
-            "before each pass); clocks not locked on either side."
+            f"before each pass: {report.get('l2_flush') or '-'}); clocks not locked on either side."
         ),
         "",
         "## Latency (full 24-metric profile of one kernel)",
@@ -539,6 +539,7 @@ def main() -> int:
         "ncu": ncu,
         "ncu_version": ncu_version,
         "ncu_cache_control": args.ncu_cache_control,
+        "l2_flush": prof.l2_flush(0).description if args.ncu_cache_control == "all" else None,
         "plan": plan.to_dict(),
         "kernels": [],
     }

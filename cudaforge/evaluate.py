@@ -740,13 +740,15 @@ class _Evaluation:
         return max(1, min(want, fit))
 
     def make_flush_buffer(self) -> None:
-        from .profiler import L2Flush
+        from .profiler import l2_flush
 
-        self.flush = L2Flush(self.device)
+        self.flush = l2_flush(self.device)  # one per worker process, kept
         self.l2_bytes = self.flush.l2_bytes
         self.result.timing["l2_bytes"] = self.flush.l2_bytes
         self.result.timing["l2_flush_bytes"] = self.flush.bytes
-        self.result.timing["l2_flush"] = L2Flush.DESCRIPTION
+        self.result.timing["l2_flush"] = self.flush.description
+        if self.flush.fallback:
+            self.result.notes.append(f"L2 flush: {self.flush.fallback}")
 
     def prepare_run(self, buffers: list, seed: int | None, index: int) -> None:
         """Before a run, on the harness stream (outside the events): fresh values into the

@@ -33,8 +33,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import _core, _libs
-from .errors import LibraryNotFound, NoGPUError, ProfilerError
-from .kernel import cache_dir
+from .errors import CompileError, LibraryNotFound, NoGPUError, ProfilerError
+from .kernel import cache_dir, current_arch
+from .kernel import compile as _compile_cuda  # bound at import: evaluate's hooks wrap the name
 from .results import KernelTime
 
 # ---------------------------------------------------------------- metric lists
@@ -339,11 +340,13 @@ def _torch():
     return torch
 
 
-def _device_index(device: int | None) -> int:
+def _device_index(device) -> int:
+    """An int, None (the current device), "cuda:1" or a torch.device -> the device's index."""
+    if isinstance(device, int):
+        return device
     torch = _torch()
-    if device is None:
-        return torch.cuda.current_device()
-    return int(device)
+    index = device if device is None else torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
 
 
 def _prepare(device: int) -> None:
@@ -353,21 +356,54 @@ def _prepare(device: int) -> None:
     _libs.ensure("cuda")
 
 
+# Invalidates L2 lines without writing them back (PTX ISA 7.4, sm_80+): one 128-byte line per thread.
+L2_DISCARD_SOURCE = r"""
+extern "C" __global__ void cudaforge_l2_discard(char* p, long long lines) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < lines) asm volatile("discard.global.L2 [%0], 128;" :: "l"(p + i * 128) : "memory");
+}
+"""
+
+
+L2_FLUSH_METHODS = {
+    "discard": "write 4x L2, then discard those lines (discard.global.L2)",
+    "read": "write 4x L2, then read 2x L2 (clean lines)",
+}
+
+
 class L2Flush:
-    """Leaves a GPU's L2 holding none of the caller's data and no dirty lines: it writes four
-    times the L2 to one buffer, then reads twice the L2 from another. A write alone would leave
-    dirty lines whose write-back the next kernel pays for (on the H200 ~20 us more than ncu's
-    cache flush on two 0.2 ms kernels)."""
+    """Leaves a GPU's L2 holding none of the caller's data and no dirty lines, on the current
+    stream. It writes four times the L2 to one buffer (the caller's lines are evicted and written
+    back), then either discards that buffer's lines from the L2 ("discard": the L2 is left with
+    invalid lines, as after ncu's cache control; needs sm_80+ and NVRTC) or reads twice the L2 from
+    another buffer ("read": clean lines, though some dirty ones survive: on the H200 the next
+    kernel wrote 5-12 KB of them back where ncu saw none). A write alone would leave dirty lines
+    whose write-back the next kernel pays for (~20 us more than ncu's flush on two 0.2 ms
+    kernels)."""
 
-    DESCRIPTION = "write 4x L2, then read 2x L2 (clean lines)"
-
-    def __init__(self, device: int):
+    def __init__(self, device: int, method: str | None = None):
+        if method not in (None, "discard", "read"):
+            raise ValueError(f"method must be 'discard' or 'read', not {method!r}")
         torch = _torch()
         props = torch.cuda.get_device_properties(device)
         self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0) or (50 << 20)
         self.bytes = max(4 * self.l2_bytes, 128 << 20)
         self.written = torch.empty(self.bytes, dtype=torch.int8, device=device)
-        self.read = torch.zeros(max(2 * self.l2_bytes, 64 << 20) // 4, device=device)
+        self.discard = self.read = None
+        self.fallback = None  # why "discard" was not used, when it was wanted
+        if method != "read":
+            try:
+                arch = current_arch(_device_index(device))
+                mod = _compile_cuda(L2_DISCARD_SOURCE, arch=arch, name="l2_flush.cu")
+                self.discard = mod.cudaforge_l2_discard
+            except (CompileError, LibraryNotFound, RuntimeError) as exc:  # an old GPU, no NVRTC
+                if method == "discard":
+                    raise
+                self.fallback = f"discard unavailable ({type(exc).__name__}: {exc})"[:300]
+        if self.discard is None:
+            self.read = torch.zeros(max(2 * self.l2_bytes, 64 << 20) // 4, device=device)
+        self.method = "discard" if self.discard is not None else "read"
+        self.description = L2_FLUSH_METHODS[self.method]
         self.calls = 0
 
     def __call__(self, index: int | None = None) -> None:
@@ -376,17 +412,22 @@ class L2Flush:
         index = self.calls if index is None else index
         self.calls += 1
         self.written.fill_(index % 127 + 1)
-        self.read.sum()
+        if self.discard is not None:
+            lines = self.bytes // 128
+            self.discard(((lines + 255) // 256,), (256,), (self.written, lines))
+        else:
+            self.read.sum()
 
 
 _l2_flushes: dict[int, L2Flush] = {}
 
 
-def l2_flush(device: int) -> L2Flush:
-    """The device's L2Flush, made once per process."""
-    found = _l2_flushes.get(device)
+def l2_flush(device) -> L2Flush:
+    """The device's L2Flush, made once per process (the profiler's and evaluate's)."""
+    index = _device_index(device)
+    found = _l2_flushes.get(index)
     if found is None:
-        found = _l2_flushes[device] = L2Flush(device)
+        found = _l2_flushes[index] = L2Flush(index)
     return found
 
 
