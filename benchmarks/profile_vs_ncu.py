@@ -539,7 +539,7 @@ def main() -> int:
         "ncu": ncu,
         "ncu_version": ncu_version,
         "ncu_cache_control": args.ncu_cache_control,
-        "l2_flush": prof.l2_flush(0).description if args.ncu_cache_control == "all" else None,
+        "l2_flush": prof.L2Flush.DESCRIPTION if args.ncu_cache_control == "all" else None,
         "plan": plan.to_dict(),
         "kernels": [],
     }

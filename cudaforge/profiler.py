@@ -33,9 +33,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import _core, _libs
-from .errors import CompileError, LibraryNotFound, NoGPUError, ProfilerError
-from .kernel import cache_dir, current_arch
-from .kernel import compile as _compile_cuda  # bound at import: evaluate's hooks wrap the name
+from .errors import LibraryNotFound, NoGPUError, ProfilerError
+from .kernel import cache_dir
 from .results import KernelTime
 
 # ---------------------------------------------------------------- metric lists
@@ -356,54 +355,23 @@ def _prepare(device: int) -> None:
     _libs.ensure("cuda")
 
 
-# Invalidates L2 lines without writing them back (PTX ISA 7.4, sm_80+): one 128-byte line per thread.
-L2_DISCARD_SOURCE = r"""
-extern "C" __global__ void cudaforge_l2_discard(char* p, long long lines) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i < lines) asm volatile("discard.global.L2 [%0], 128;" :: "l"(p + i * 128) : "memory");
-}
-"""
-
-
-L2_FLUSH_METHODS = {
-    "discard": "write 4x L2, then discard those lines (discard.global.L2)",
-    "read": "write 4x L2, then read 2x L2 (clean lines)",
-}
-
-
 class L2Flush:
-    """Leaves a GPU's L2 holding none of the caller's data and no dirty lines, on the current
-    stream. It writes four times the L2 to one buffer (the caller's lines are evicted and written
-    back), then either discards that buffer's lines from the L2 ("discard": the L2 is left with
-    invalid lines, as after ncu's cache control; needs sm_80+ and NVRTC) or reads twice the L2 from
-    another buffer ("read": clean lines, though some dirty ones survive: on the H200 the next
-    kernel wrote 5-12 KB of them back where ncu saw none). A write alone would leave dirty lines
-    whose write-back the next kernel pays for (~20 us more than ncu's flush on two 0.2 ms
-    kernels)."""
+    """Leaves a GPU's L2 holding none of the caller's data and few dirty lines: it writes four
+    times the L2 to one buffer, then reads twice the L2 from another. A write alone would leave
+    dirty lines whose write-back the next kernel pays for (on the H200 ~20 us more than ncu's
+    cache flush on two 0.2 ms kernels). Some survive the reads: after it, an add with a 4 MB
+    output wrote up to 18 KB back to DRAM where ncu's flush leaves none. Invalidating the written
+    lines with PTX discard.global.L2 instead was worse there (6 MB written back)."""
 
-    def __init__(self, device: int, method: str | None = None):
-        if method not in (None, "discard", "read"):
-            raise ValueError(f"method must be 'discard' or 'read', not {method!r}")
+    DESCRIPTION = "write 4x L2, then read 2x L2 (clean lines)"
+
+    def __init__(self, device: int):
         torch = _torch()
         props = torch.cuda.get_device_properties(device)
         self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0) or (50 << 20)
         self.bytes = max(4 * self.l2_bytes, 128 << 20)
         self.written = torch.empty(self.bytes, dtype=torch.int8, device=device)
-        self.discard = self.read = None
-        self.fallback = None  # why "discard" was not used, when it was wanted
-        if method != "read":
-            try:
-                arch = current_arch(_device_index(device))
-                mod = _compile_cuda(L2_DISCARD_SOURCE, arch=arch, name="l2_flush.cu")
-                self.discard = mod.cudaforge_l2_discard
-            except (CompileError, LibraryNotFound, RuntimeError) as exc:  # an old GPU, no NVRTC
-                if method == "discard":
-                    raise
-                self.fallback = f"discard unavailable ({type(exc).__name__}: {exc})"[:300]
-        if self.discard is None:
-            self.read = torch.zeros(max(2 * self.l2_bytes, 64 << 20) // 4, device=device)
-        self.method = "discard" if self.discard is not None else "read"
-        self.description = L2_FLUSH_METHODS[self.method]
+        self.read = torch.zeros(max(2 * self.l2_bytes, 64 << 20) // 4, device=device)
         self.calls = 0
 
     def __call__(self, index: int | None = None) -> None:
@@ -412,11 +380,7 @@ class L2Flush:
         index = self.calls if index is None else index
         self.calls += 1
         self.written.fill_(index % 127 + 1)
-        if self.discard is not None:
-            lines = self.bytes // 128
-            self.discard(((lines + 255) // 256,), (256,), (self.written, lines))
-        else:
-            self.read.sum()
+        self.read.sum()
 
 
 _l2_flushes: dict[int, L2Flush] = {}

@@ -472,34 +472,29 @@ def test_before_runs_once_per_pass_outside_the_ranges(mod):
     assert result.l2_flushed and result.reason is None
 
 
-def test_the_l2_flush_leaves_no_dirty_lines(mod):
-    """After the flush, an add whose 4 MB output fits in the L2 writes nothing back to DRAM (as
-    after ncu's cache control) and reads its 8 MB of inputs from DRAM. The "read" flush leaves
-    some dirty lines: on the H200 the next kernel wrote 5-12 KB of them back."""
+def test_the_l2_flush_leaves_few_dirty_lines(mod):
+    """After the flush, an add whose 4 MB output fits in the L2 reads its 8 MB of inputs from
+    DRAM and writes back almost nothing (a write-only flush would leave ~60 MB of dirty lines to
+    write back; ncu's flush leaves none; ours left up to 18 KB on the H200)."""
     n = 1 << 20
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     c = torch.empty_like(a)
     flush = prof.l2_flush(0)
-    assert flush.method == "discard" and flush.fallback is None
     assert prof.l2_flush("cuda:0") is flush and prof.l2_flush(torch.device("cuda", 0)) is flush
-    read_flush = prof.L2Flush(0, method="read")
 
     def forward():
         mod.add(((n + 255) // 256,), (256,), (a, b, c, n))
 
     profiler = _core.Profiler(["dram__bytes_write.sum", "dram__bytes_read.sum"], device=0)
     try:
-        got = {}
-        for name, before in (("discard", flush), ("read", read_flush)):
-            runs = [profiler.profile(forward, replay="user", keep=True, names=False,
-                                     before=before)[0]["metrics"] for _ in range(5)]  # fmt: skip
-            got[name] = (max(m["dram__bytes_write.sum"] for m in runs),
-                         min(m["dram__bytes_read.sum"] for m in runs))  # fmt: skip
+        runs = [profiler.profile(forward, replay="user", keep=True, names=False,
+                                 before=flush)[0]["metrics"] for _ in range(5)]  # fmt: skip
     finally:
         _core.profiler_release()
-    print(f"(most bytes written, fewest read) per flush method: {got}")
-    assert got["discard"][0] == 0, got
-    assert got["discard"][1] == pytest.approx(2 * 4 * n, rel=0.05), got
+    written = max(m["dram__bytes_write.sum"] for m in runs)
+    print(f"most bytes written back after the flush: {written:.0f}")
+    assert written < 64 << 10, runs
+    assert min(m["dram__bytes_read.sum"] for m in runs) == pytest.approx(2 * 4 * n, rel=0.05)
 
 
 def test_no_profiler_is_made_while_a_profile_runs(mod, matmul_case):

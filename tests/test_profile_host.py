@@ -460,16 +460,3 @@ def test_profile_keywords_parse_before_the_device_check(host_api):
         p.profile(lambda: None, before=3)
     assert _core.profiler_release() is False  # nothing was enabled
 
-
-def test_the_l2_discard_kernel_compiles_for_sm80_up_and_is_refused_below():
-    # L2Flush's "discard" method (sm_80+); on an older GPU the CompileError makes it fall back
-    # to the "read" method, with the reason in .fallback
-    import cudaforge
-    from cudaforge.errors import CompileError
-
-    mod = cudaforge.compile(prof.L2_DISCARD_SOURCE, arch="sm_90a", name="l2_flush.cu")
-    assert mod.kernels == ["cudaforge_l2_discard"]
-    with pytest.raises(CompileError, match="discard"):
-        cudaforge.compile(prof.L2_DISCARD_SOURCE, arch="sm_75", name="l2_flush.cu")
-    with pytest.raises(ValueError, match="'discard' or 'read'"):
-        prof.L2Flush(0, method="invalidate")
