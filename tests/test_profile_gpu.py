@@ -476,6 +476,7 @@ def test_the_l2_flush_leaves_few_dirty_lines(mod):
     """After the flush, an add whose 4 MB output fits in the L2 reads its 8 MB of inputs from
     DRAM and writes back almost nothing (a write-only flush would leave ~60 MB of dirty lines to
     write back; ncu's flush leaves none; ours left up to 18 KB on the H200)."""
+    # Not yet run in this form on the GPU: the 21:07 run asserted on all five profiles.
     n = 1 << 20
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     c = torch.empty_like(a)
@@ -487,8 +488,11 @@ def test_the_l2_flush_leaves_few_dirty_lines(mod):
 
     profiler = _core.Profiler(["dram__bytes_write.sum", "dram__bytes_read.sum"], device=0)
     try:
+        # The first profile after the Range Profiler is enabled is left out: on the H200 its add
+        # wrote 6.1 MB back (CUPTI's first Start, after the flush, leaves dirty lines of its own),
+        # the next four 8.4-12.5 KB (21:07 UTC).
         runs = [profiler.profile(forward, replay="user", keep=True, names=False,
-                                 before=flush)[0]["metrics"] for _ in range(5)]  # fmt: skip
+                                 before=flush)[0]["metrics"] for _ in range(6)][1:]  # fmt: skip
     finally:
         _core.profiler_release()
     written = max(m["dram__bytes_write.sum"] for m in runs)
