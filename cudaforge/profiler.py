@@ -360,8 +360,7 @@ class L2Flush:
     times the L2 to one buffer, then reads twice the L2 from another. A write alone would leave
     dirty lines whose write-back the next kernel pays for (on the H200 ~20 us more than ncu's
     cache flush on two 0.2 ms kernels). Some survive the reads: after it, an add with a 4 MB
-    output wrote up to 18 KB back to DRAM where ncu's flush leaves none. Invalidating the written
-    lines with PTX discard.global.L2 instead was worse there (6 MB written back)."""
+    output wrote 8-18 KB back to DRAM where ncu's flush leaves none."""
 
     DESCRIPTION = "write 4x L2, then read 2x L2 (clean lines)"
 

@@ -476,7 +476,6 @@ def test_the_l2_flush_leaves_few_dirty_lines(mod):
     """After the flush, an add whose 4 MB output fits in the L2 reads its 8 MB of inputs from
     DRAM and writes back almost nothing (a write-only flush would leave ~60 MB of dirty lines to
     write back; ncu's flush leaves none; ours left up to 18 KB on the H200)."""
-    # Not yet run in this form on the GPU: the 21:07 run asserted on all five profiles.
     n = 1 << 20
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     c = torch.empty_like(a)
