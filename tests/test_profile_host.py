@@ -325,8 +325,12 @@ class _FakeProfiler:
         self.last_run = {"names_note": None if self.named else "kernel names unavailable: test"}
 
     kept: ClassVar[list[bool]] = []
+    enabled: ClassVar[list[bool]] = []  # the real one's last_run["reused_enabled"], when set
 
     def profile(self, fn, max_kernels=256, replay="kernel", keep=False, before=None):
+        if keep:
+            self.last_run["reused_enabled"] = bool(_FakeProfiler.enabled)
+            _FakeProfiler.enabled.append(True)
         for _ in range(self.passes if replay == "user" else 1):
             if before is not None:
                 before()
@@ -386,6 +390,7 @@ def fake_gpu(monkeypatch, host_api):
     fake.flushes = []
     monkeypatch.setattr(prof, "l2_flush", lambda device: lambda: fake.flushes.append(device))
     _FakeProfiler.named, _FakeProfiler.refuse, _FakeProfiler.kept = True, None, []
+    _FakeProfiler.enabled = []
     return fake
 
 
@@ -395,8 +400,12 @@ CEILINGS = {"dram_bytes_per_s": 4e12, "fp32_flops_per_s": 5e13, "bf16_tensor_flo
 def test_workers_keep_the_range_profiler_enabled(fake_gpu, monkeypatch):
     monkeypatch.setattr(prof, "KEEP_ENABLED", True)  # what cudaforge.worker sets
     prof.profile_forward(lambda: None, ceilings=False)
+    # the first profile after enabling is done twice (CUPTI's own DRAM writes), later ones once
+    assert _FakeProfiler.kept == [True, True]
+    prof.profile_forward(lambda: None, ceilings=False)
+    assert _FakeProfiler.kept == [True, True, True]
     prof.profile_forward(lambda: None, ceilings=False, keep_enabled=False)
-    assert _FakeProfiler.kept == [True, False]
+    assert _FakeProfiler.kept == [True, True, True, False]
 
 
 @pytest.mark.parametrize("named", [True, False])
