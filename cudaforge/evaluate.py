@@ -743,7 +743,6 @@ class _Evaluation:
         from .profiler import l2_flush
 
         self.flush = l2_flush(self.device)  # one per worker process, kept
-        self.l2_bytes = self.flush.l2_bytes
         self.result.timing["l2_bytes"] = self.flush.l2_bytes
         self.result.timing["l2_flush_bytes"] = self.flush.bytes
         self.result.timing["l2_flush"] = self.flush.DESCRIPTION
@@ -947,7 +946,7 @@ class _Evaluation:
             self.skipped["bandwidth_floor"] = "no memory bandwidth known for a CPU; pass " \
                 "bandwidth_ceiling (bytes/s) to check"  # fmt: skip
             return
-        l2 = getattr(self, "l2_bytes", 0)
+        l2 = self.flush.l2_bytes if self.flush is not None else 0
         floor_bytes = self.input_bytes + max(0, self.output_bytes - l2)
         floor_ms = floor_bytes / ceiling * 1e3
         r.timing.update(

@@ -880,6 +880,7 @@ def _profile_forward(
         prof = _profiler(device, plan.collect)
         before = l2_flush(device) if flush_l2 else None
         started = time.perf_counter()
+        discarded_s = 0.0
         try:
             ranges = prof.profile(
                 fn, max_kernels=max_kernels, replay=replay, keep=keep_enabled, before=before
@@ -888,6 +889,7 @@ def _profile_forward(
                 # The first profile after enabling counts DRAM writes of CUPTI's own (an add with
                 # a 4 MB output: 6.1 MB, then 8-13 KB, on the H200): a worker's freshly enabled
                 # Range Profiler profiles once more and keeps the second.
+                discarded_s = time.perf_counter() - started
                 ranges = prof.profile(
                     fn, max_kernels=max_kernels, replay=replay, keep=True, before=before
                 )
@@ -896,12 +898,14 @@ def _profile_forward(
                 raise
             kept = ", kept enabled," if keep_enabled else ""
             notes.append(f"{replay} replay{kept} refused ({exc}); kernel replay per call used")
-            started = time.perf_counter()
+            started, discarded_s = time.perf_counter(), 0.0
             ranges = prof.profile(fn, max_kernels=max_kernels, replay="kernel", before=before)
         profile_s = time.perf_counter() - started
         passes = prof.passes
         run = prof.last_run or {}
         phases = dict(run.get("seconds") or {})
+        if discarded_s:
+            phases["first_profile_after_enable"] = discarded_s  # done again, not kept
         phases["disable_and_rest"] = profile_s - sum(phases.values())
         if run.get("names_note"):
             notes.append(run["names_note"])

@@ -399,11 +399,13 @@ CEILINGS = {"dram_bytes_per_s": 4e12, "fp32_flops_per_s": 5e13, "bf16_tensor_flo
 
 def test_workers_keep_the_range_profiler_enabled(fake_gpu, monkeypatch):
     monkeypatch.setattr(prof, "KEEP_ENABLED", True)  # what cudaforge.worker sets
-    prof.profile_forward(lambda: None, ceilings=False)
+    first = prof.profile_forward(lambda: None, ceilings=False)
     # the first profile after enabling is done twice (CUPTI's own DRAM writes), later ones once
     assert _FakeProfiler.kept == [True, True]
-    prof.profile_forward(lambda: None, ceilings=False)
+    assert first.profile_phases["first_profile_after_enable"] > 0
+    second = prof.profile_forward(lambda: None, ceilings=False)
     assert _FakeProfiler.kept == [True, True, True]
+    assert "first_profile_after_enable" not in second.profile_phases
     prof.profile_forward(lambda: None, ceilings=False, keep_enabled=False)
     assert _FakeProfiler.kept == [True, True, True, False]
 
