@@ -9,6 +9,9 @@ Writes profile_vs_ncu.json and profile_vs_ncu.md under --out. Options:
     --ncu-cache-control all|none        ncu's cache control (default all, ncu's own default);
                                         cudaforge flushes the L2 before each pass to match
                                         (profile_forward's flush_l2), or not with none
+    --l2-flush read,discard             cudaforge's flush method(s) (L2Flush); the first is the
+                                        one timed and tabled, each is compared with the same
+                                        ncu values (default: the library's default method)
     --paper-ncu                         also time the paper's way for vector_add: ncu over a fresh
                                         Python that builds the candidate with load_inline (a new
                                         candidate, so a cold build), against cudaforge compiling
@@ -363,6 +366,7 @@ def child(name: str) -> None:
 # ---------------------------------------------------------------- comparison
 
 
+
 def close(name: str, ours: float, theirs: float) -> bool:
     if "pct" in name and abs(ours - theirs) <= 1.0:
         return True
@@ -494,6 +498,31 @@ def markdown(report: dict) -> str:
             f"median speedup {s['median_speedup']}x."
         ),
     ]
+    methods = report.get("l2_flush_methods") or []
+    if len(methods) > 1:
+        text = report["l2_flush_descriptions"]
+        lines += ["", "## L2 flush methods (same ncu values)", ""]
+        lines.append(f"- {methods[0]} ({text[methods[0]]}): {s['within']} of "
+                     f"{s['compared']} within; outside: {', '.join(s['failing']) or 'none'}")  # fmt: skip
+        for method in methods[1:]:
+            m = s[f"with the {method} flush"]
+            lines.append(f"- {method} ({text[method]}): {m['within']} of "
+                         f"{m['compared']} within; outside: {', '.join(m['failing']) or 'none'}")  # fmt: skip
+        lines += ["", "| kernel | metric | ncu | " + " | ".join(methods) + " |",
+                  "| --- | --- | --- | " + " | ".join("---" for _ in methods) + " |"]  # fmt: skip
+        for k in report["kernels"]:
+            by = {methods[0]: k["fidelity"], **k.get("fidelity_by_flush", {})}
+            for i, row in enumerate(k["fidelity"]):
+                if not row["metric"].startswith("dram__bytes"):
+                    continue
+                cells = []
+                for method in methods:
+                    r = by[method][i]
+                    value = "-" if r["ours"] is None else f"{r['ours']:.6g}"
+                    cells.append(value + (" (**no**)" if r["ok"] is False else ""))
+                theirs = "-" if row["ncu"] is None else f"{row['ncu']:.6g}"
+                cells = " | ".join(cells)
+                lines.append(f"| {k['name']} | {row['metric']} | {theirs} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
@@ -504,6 +533,7 @@ def main() -> int:
     parser.add_argument("--ncu")
     parser.add_argument("--ncu-cache-control", default="all", choices=["all", "none"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--l2-flush", default=None)
     parser.add_argument("--record-fixture")
     parser.add_argument("--paper-ncu", action="store_true")
     parser.add_argument("--diagnose", action="store_true")
@@ -531,6 +561,11 @@ def main() -> int:
             [ncu, "--version"], check=False, capture_output=True, text=True
         ).stdout
         ncu_version = ncu_version.strip().splitlines()[-1] if ncu_version.strip() else "?"
+    methods = (args.l2_flush or prof.L2_FLUSH_METHOD).split(",")
+    unknown = [m for m in methods if m not in prof.L2_FLUSH_METHODS]
+    if unknown:
+        known = sorted(prof.L2_FLUSH_METHODS)
+        parser.error(f"--l2-flush: unknown method(s) {unknown}; known: {known}")
     plan = prof.check_metrics(prof.METRICS, "GH100")
     # the paper's list as ncu takes it, plus the stand-ins we collect for the names GH100 lacks
     ncu_metrics = [*prof.METRICS, *plan.substitutes.values()]
@@ -539,7 +574,9 @@ def main() -> int:
         "ncu": ncu,
         "ncu_version": ncu_version,
         "ncu_cache_control": args.ncu_cache_control,
-        "l2_flush": prof.L2Flush.DESCRIPTION if args.ncu_cache_control == "all" else None,
+        "l2_flush": prof.L2_FLUSH_METHODS[methods[0]] if args.ncu_cache_control == "all" else None,
+        "l2_flush_methods": methods if args.ncu_cache_control == "all" else [],
+        "l2_flush_descriptions": {m: prof.L2_FLUSH_METHODS[m] for m in methods},
         "plan": plan.to_dict(),
         "kernels": [],
     }
@@ -554,6 +591,7 @@ def main() -> int:
             "flops": flops,
             "keep_enabled": True,
             "flush_l2": args.ncu_cache_control == "all",
+            "l2_flush_method": methods[0],
         }
         prof.profile_forward(forward, **common)  # warm: compile, contexts, ceilings, host objects
         runs, range_s = [], []
@@ -572,8 +610,14 @@ def main() -> int:
                 "range_profiler_phases_s": result.profile_phases,
             },
         }
-        own = [k for k in result.kernels if k.name == name]
-        result.kernels = own
+        result.kernels = [k for k in result.kernels if k.name == name]
+        # the other flush methods, on the same kernel and inputs, compared with the same ncu run
+        others = {}
+        for method in report["l2_flush_methods"][1:]:
+            for _ in range(max(1, args.repeats)):
+                other = prof.profile_forward(forward, **{**common, "l2_flush_method": method})
+            other.kernels = [k for k in other.kernels if k.name == name]
+            others[method] = other
         if ncu:
             # the kept Range Profiler holds the GPU's counters: ncu would be refused
             _core.profiler_release()
@@ -586,6 +630,10 @@ def main() -> int:
             entry["fidelity"] = compare(name, result, got.get("values", {}), plan)
         else:
             entry["fidelity"] = compare(name, result, {}, plan)
+        entry["fidelity_by_flush"] = {
+            method: compare(name, other, entry["ncu_values"] if ncu else {}, plan)
+            for method, other in others.items()
+        }
         report["kernels"].append(entry)
         print(f"{name}: ours {entry['latency']['ours_s']:.3f} s, ncu "
               f"{entry['latency'].get('ncu_s', float('nan')):.2f} s, range profiler phases "
@@ -609,6 +657,14 @@ def main() -> int:
         "failing": [f"{r['kernel']}: {r['metric']}" for r in compared if not r["ok"]],
         "median_speedup": round(statistics.median(speedups), 1) if speedups else None,
     }
+    for method in report["l2_flush_methods"][1:]:
+        rows = [r for k in report["kernels"] for r in k["fidelity_by_flush"][method]]
+        rows = [r for r in rows if r["ok"] is not None]
+        report["summary"][f"with the {method} flush"] = {
+            "compared": len(rows),
+            "within": sum(1 for r in rows if r["ok"]),
+            "failing": [f"{r['kernel']}: {r['metric']}" for r in rows if not r["ok"]],
+        }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_vs_ncu.json").write_text(json.dumps(report, indent=1, default=str) + "\n")

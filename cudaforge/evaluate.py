@@ -745,7 +745,7 @@ class _Evaluation:
         self.flush = l2_flush(self.device)  # one per worker process, kept
         self.result.timing["l2_bytes"] = self.flush.l2_bytes
         self.result.timing["l2_flush_bytes"] = self.flush.bytes
-        self.result.timing["l2_flush"] = self.flush.DESCRIPTION
+        self.result.timing["l2_flush"] = self.flush.description
 
     def prepare_run(self, buffers: list, seed: int | None, index: int) -> None:
         """Before a run, on the harness stream (outside the events): fresh values into the

@@ -34,7 +34,8 @@ from typing import Any
 
 from . import _core, _libs
 from .errors import LibraryNotFound, NoGPUError, ProfilerError
-from .kernel import cache_dir
+from .kernel import cache_dir, current_arch
+from .kernel import compile as _compile_cuda  # bound at import: evaluate's hooks wrap the name
 from .results import KernelTime
 
 # ---------------------------------------------------------------- metric lists
@@ -355,22 +356,49 @@ def _prepare(device: int) -> None:
     _libs.ensure("cuda")
 
 
+# Invalidates L2 lines without writing them back (PTX ISA 7.4, sm_80+): one 128-byte line a thread.
+L2_DISCARD_SOURCE = r"""
+extern "C" __global__ void cudaforge_l2_discard(char* p, long long lines) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < lines) asm volatile("discard.global.L2 [%0], 128;" :: "l"(p + i * 128) : "memory");
+}
+"""
+
+L2_FLUSH_METHODS = {
+    "read": "write 4x L2, then read 2x L2 (clean lines)",
+    "discard": "write 4x L2, then discard those lines (discard.global.L2)",
+}
+
+# The method profile_forward and evaluate use unless told otherwise.
+L2_FLUSH_METHOD = "read"
+
+
 class L2Flush:
-    """Leaves a GPU's L2 holding none of the caller's data and few dirty lines: it writes four
-    times the L2 to one buffer, then reads twice the L2 from another. A write alone would leave
+    """Leaves a GPU's L2 holding none of the caller's data and few dirty lines, on the current
+    stream. It writes four times the L2 to one buffer (the caller's lines are evicted, the dirty
+    ones written back), then either reads twice the L2 from another buffer ("read": clean lines;
+    some dirty ones survive: an add with a 4 MB output then wrote 8-18 KB back on the H200, where
+    ncu's flush leaves none) or invalidates the written buffer's lines without writing them back
+    ("discard", PTX discard.global.L2, sm_80+, compiled with NVRTC). A write alone would leave
     dirty lines whose write-back the next kernel pays for (on the H200 ~20 us more than ncu's
-    cache flush on two 0.2 ms kernels). Some survive the reads: after it, an add with a 4 MB
-    output wrote 8-18 KB back to DRAM where ncu's flush leaves none."""
+    cache flush on two 0.2 ms kernels)."""
 
-    DESCRIPTION = "write 4x L2, then read 2x L2 (clean lines)"
-
-    def __init__(self, device: int):
+    def __init__(self, device: int, method: str = "read"):
+        if method not in L2_FLUSH_METHODS:
+            raise ValueError(f"method must be one of {sorted(L2_FLUSH_METHODS)}, not {method!r}")
         torch = _torch()
         props = torch.cuda.get_device_properties(device)
+        self.method = method
+        self.description = L2_FLUSH_METHODS[method]
         self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0) or (50 << 20)
         self.bytes = max(4 * self.l2_bytes, 128 << 20)
         self.written = torch.empty(self.bytes, dtype=torch.int8, device=device)
-        self.read = torch.zeros(max(2 * self.l2_bytes, 64 << 20) // 4, device=device)
+        self.read = self.discard = None
+        if method == "read":
+            self.read = torch.zeros(max(2 * self.l2_bytes, 64 << 20) // 4, device=device)
+        else:
+            arch = current_arch(_device_index(device))
+            self.discard = _compile_cuda(L2_DISCARD_SOURCE, arch=arch, name="l2_discard.cu")
         self.calls = 0
 
     def __call__(self, index: int | None = None) -> None:
@@ -379,18 +407,24 @@ class L2Flush:
         index = self.calls if index is None else index
         self.calls += 1
         self.written.fill_(index % 127 + 1)
-        self.read.sum()
+        if self.read is not None:
+            self.read.sum()
+        else:
+            lines = self.bytes // 128
+            grid = ((lines + 255) // 256,)
+            self.discard.cudaforge_l2_discard(grid, (256,), (self.written, lines))
 
 
-_l2_flushes: dict[int, L2Flush] = {}
+_l2_flushes: dict[tuple[int, str], L2Flush] = {}
 
 
-def l2_flush(device) -> L2Flush:
-    """The device's L2Flush, made once per process (the profiler's and evaluate's)."""
-    index = _device_index(device)
-    found = _l2_flushes.get(index)
+def l2_flush(device, method: str | None = None) -> L2Flush:
+    """The device's L2Flush of `method` (default L2_FLUSH_METHOD), made once per process and
+    shared by the profiler and evaluate."""
+    key = (_device_index(device), method or L2_FLUSH_METHOD)
+    found = _l2_flushes.get(key)
     if found is None:
-        found = _l2_flushes[index] = L2Flush(index)
+        found = _l2_flushes[key] = L2Flush(*key)
     return found
 
 
@@ -791,6 +825,7 @@ def profile_forward(
     replay: str = "user",
     keep_enabled: bool | None = None,
     flush_l2: bool = True,
+    l2_flush_method: str | None = None,
 ) -> ForwardProfile:
     """Profile one forward `fn()` on `device`: timing (CUPTI activity + CUDA events), hardware
     `metrics` per kernel (Range Profiler), static facts, occupancy and a roofline line.
@@ -806,7 +841,8 @@ def profile_forward(
     - `flush_l2`: flush the L2 before each profiler pass (outside the profiled range), so that
       every pass, and every candidate, starts cold, as Nsight Compute's default
       `--cache-control all` does (its buffers, 6x the L2, stay allocated for the process); False
-      leaves the cache as the previous pass left it.
+      leaves the cache as the previous pass left it. `l2_flush_method`: "read" or "discard"
+      (L2Flush; default L2_FLUSH_METHOD).
 
     - `min_bytes`: the fewest DRAM bytes the problem needs (inputs read + outputs written), for
       the forward's speed-of-light time; `flops`: FLOPs of the forward, or {kernel name: FLOPs}.
@@ -839,6 +875,7 @@ def profile_forward(
             replay=replay,
             keep_enabled=keep_enabled,
             flush_l2=flush_l2,
+            l2_flush_method=l2_flush_method,
         )
 
 
@@ -860,6 +897,7 @@ def _profile_forward(
     replay: str,
     keep_enabled: bool,
     flush_l2: bool,
+    l2_flush_method: str | None,
 ) -> ForwardProfile:
     _prepare(device)
     own = set(own) | set(kernels or {}) | set(resources or {})
@@ -878,7 +916,7 @@ def _profile_forward(
         chip = _chip_of(device)
         plan = check_metrics(requested + [m for m in extra_metrics if m not in requested], chip)
         prof = _profiler(device, plan.collect)
-        before = l2_flush(device) if flush_l2 else None
+        before = l2_flush(device, l2_flush_method) if flush_l2 else None
         started = time.perf_counter()
         discarded_s = 0.0
         try:

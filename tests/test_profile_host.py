@@ -388,7 +388,9 @@ def fake_gpu(monkeypatch, host_api):
     monkeypatch.setattr(prof, "_core", fake)
     monkeypatch.setattr(prof, "_profilers", {})
     fake.flushes = []
-    monkeypatch.setattr(prof, "l2_flush", lambda device: lambda: fake.flushes.append(device))
+    monkeypatch.setattr(
+        prof, "l2_flush", lambda device, method=None: lambda: fake.flushes.append(device)
+    )
     _FakeProfiler.named, _FakeProfiler.refuse, _FakeProfiler.kept = True, None, []
     _FakeProfiler.enabled = []
     return fake
@@ -471,3 +473,16 @@ def test_profile_keywords_parse_before_the_device_check(host_api):
         p.profile(lambda: None, before=3)
     assert _core.profiler_release() is False  # nothing was enabled
 
+
+
+def test_the_l2_discard_kernel_compiles_for_sm80_up_and_is_refused_below():
+    # L2Flush's "discard" method needs discard.global.L2 (sm_80+)
+    import cudaforge
+    from cudaforge.errors import CompileError
+
+    mod = cudaforge.compile(prof.L2_DISCARD_SOURCE, arch="sm_90a", name="l2_discard.cu")
+    assert mod.kernels == ["cudaforge_l2_discard"]
+    with pytest.raises(CompileError, match="discard"):
+        cudaforge.compile(prof.L2_DISCARD_SOURCE, arch="sm_75", name="l2_discard.cu")
+    with pytest.raises(ValueError, match="method must be one of"):
+        prof.L2Flush(0, method="invalidate")
