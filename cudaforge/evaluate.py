@@ -746,6 +746,8 @@ class _Evaluation:
         self.result.timing["l2_bytes"] = self.flush.l2_bytes
         self.result.timing["l2_flush_bytes"] = self.flush.bytes
         self.result.timing["l2_flush"] = self.flush.description
+        if self.flush.fallback:
+            self.result.notes.append(f"L2 flush: {self.flush.fallback}")
 
     def prepare_run(self, buffers: list, seed: int | None, index: int) -> None:
         """Before a run, on the harness stream (outside the events): fresh values into the

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import _core, _libs
-from .errors import LibraryNotFound, NoGPUError, ProfilerError
+from .errors import CompileError, LibraryNotFound, NoGPUError, ProfilerError
 from .kernel import cache_dir, current_arch
 from .kernel import compile as _compile_cuda  # bound at import: evaluate's hooks wrap the name
 from .results import KernelTime
@@ -369,8 +369,9 @@ L2_FLUSH_METHODS = {
     "discard": "write 4x L2, then discard those lines (discard.global.L2)",
 }
 
-# The method profile_forward and evaluate use unless told otherwise.
-L2_FLUSH_METHOD = "read"
+# The method profile_forward and evaluate use unless told otherwise ("read" where discard cannot
+# be compiled: before sm_80, or without NVRTC).
+L2_FLUSH_METHOD = "discard"
 
 
 class L2Flush:
@@ -379,7 +380,8 @@ class L2Flush:
     ones written back), then either reads twice the L2 from another buffer ("read": clean lines;
     some dirty ones survive: an add with a 4 MB output then wrote 8-18 KB back on the H200, where
     ncu's flush leaves none) or invalidates the written buffer's lines without writing them back
-    ("discard", PTX discard.global.L2, sm_80+, compiled with NVRTC). A write alone would leave
+    ("discard", PTX discard.global.L2, sm_80+, compiled with NVRTC: nothing written back after
+    it, as after ncu's). A write alone would leave
     dirty lines whose write-back the next kernel pays for (on the H200 ~20 us more than ncu's
     cache flush on two 0.2 ms kernels)."""
 
@@ -394,6 +396,7 @@ class L2Flush:
         self.bytes = max(4 * self.l2_bytes, 128 << 20)
         self.written = torch.empty(self.bytes, dtype=torch.int8, device=device)
         self.read = self.discard = None
+        self.fallback = None  # why the default method was not used, if it was not
         if method == "read":
             self.read = torch.zeros(max(2 * self.l2_bytes, 64 << 20) // 4, device=device)
         else:
@@ -419,12 +422,22 @@ _l2_flushes: dict[tuple[int, str], L2Flush] = {}
 
 
 def l2_flush(device, method: str | None = None) -> L2Flush:
-    """The device's L2Flush of `method` (default L2_FLUSH_METHOD), made once per process and
-    shared by the profiler and evaluate."""
-    key = (_device_index(device), method or L2_FLUSH_METHOD)
+    """The device's L2Flush of `method`, made once per process and shared by the profiler and
+    evaluate. Without a method: L2_FLUSH_METHOD, or "read" (with the reason in `.fallback`)
+    where "discard" does not compile for the GPU."""
+    index = _device_index(device)
+    key = (index, method)
     found = _l2_flushes.get(key)
     if found is None:
-        found = _l2_flushes[key] = L2Flush(*key)
+        if method is not None:
+            found = L2Flush(index, method)
+        else:
+            try:
+                found = L2Flush(index, L2_FLUSH_METHOD)
+            except (CompileError, LibraryNotFound) as exc:
+                found = L2Flush(index, "read")
+                found.fallback = f"{L2_FLUSH_METHOD} flush unavailable: {exc}"[:300]
+        _l2_flushes[key] = found
     return found
 
 

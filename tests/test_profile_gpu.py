@@ -482,6 +482,8 @@ def test_the_l2_flush_leaves_few_dirty_lines(mod, method):
     c = torch.empty_like(a)
     flush = prof.l2_flush(0, method)
     assert flush.method == method
+    default = prof.l2_flush(0)  # discard compiles for every GPU of sm_80 on
+    assert default.method == prof.L2_FLUSH_METHOD == "discard" and default.fallback is None
     assert prof.l2_flush("cuda:0", method) is flush
     assert prof.l2_flush(torch.device("cuda", 0), method) is flush
 
@@ -500,7 +502,8 @@ def test_the_l2_flush_leaves_few_dirty_lines(mod, method):
     written = [m["dram__bytes_write.sum"] for m in runs]
     read = [m["dram__bytes_read.sum"] for m in runs]
     print(f"{method} flush: bytes written back {written}, read {read}")
-    assert max(written) < 64 << 10, runs
+    # discard: none written back (0 B in all five on the H200, 02:59 UTC); read: up to 25 KB
+    assert max(written) < (4 << 10 if method == "discard" else 64 << 10), runs
     assert min(read) == pytest.approx(2 * 4 * n, rel=0.05), runs
 
 

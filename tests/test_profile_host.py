@@ -486,3 +486,25 @@ def test_the_l2_discard_kernel_compiles_for_sm80_up_and_is_refused_below():
         cudaforge.compile(prof.L2_DISCARD_SOURCE, arch="sm_75", name="l2_discard.cu")
     with pytest.raises(ValueError, match="method must be one of"):
         prof.L2Flush(0, method="invalidate")
+
+
+def test_the_default_flush_falls_back_to_reads_where_discard_does_not_compile(monkeypatch):
+    from cudaforge.errors import CompileError
+
+    made = []
+
+    class FakeFlush:
+        def __init__(self, device, method):
+            if method == "discard":
+                raise CompileError("ptxas: discard.global.L2 requires sm_80 or higher")
+            made.append((device, method))
+            self.method, self.fallback = method, None
+
+    monkeypatch.setattr(prof, "L2Flush", FakeFlush)
+    monkeypatch.setattr(prof, "_l2_flushes", {})
+    flush = prof.l2_flush(3)
+    assert flush.method == "read" and made == [(3, "read")]
+    assert "discard flush unavailable" in flush.fallback and "sm_80" in flush.fallback
+    assert prof.l2_flush(3) is flush  # made once
+    with pytest.raises(CompileError):  # asked for by name: no fallback
+        prof.l2_flush(3, "discard")

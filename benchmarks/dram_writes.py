@@ -1,0 +1,119 @@
+"""Where cudaforge's and ncu's `dram__bytes_write.sum` part ways: one kernel's DRAM writes as each
+tool reads them under several conditions, side by side in one run (issue 3's last metric).
+
+    python benchmarks/dram_writes.py --out DIR [--kernels relu,vector_add,matmul_naive]
+
+ncu (a fresh Python under ncu, --cache-control all, --clock-control none, first launch):
+    the 24 metrics with kernel replay (as profile_vs_ncu.py), dram__bytes_write.sum alone (one
+    pass, nothing restored before it), and the 24 metrics with application replay (no memory
+    save/restore: every pass is a new process).
+cudaforge (this process, the L2 flushed before each pass with each L2Flush method): the 24
+    metrics with user replay (as profile_forward), dram__bytes_write.sum alone, the 24 metrics
+    with kernel replay (CUPTI saves and restores the kernel's memory), and the first profile of a
+    freshly enabled Range Profiler.
+Writes dram_writes.json and dram_writes.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import profile_vs_ncu as pvn
+from ncu_tools import find_ncu
+
+WRITE = "dram__bytes_write.sum"
+READ = "dram__bytes_read.sum"
+
+
+def ncu_variants(ncu: str, name: str, metrics: list[str]) -> dict[str, float | None]:
+    base = ["--clock-control", "none", "--cache-control", "all"]
+    out = {}
+    for label, wanted, replay in [
+        ("ncu: 24 metrics, kernel replay", metrics, "kernel"),
+        ("ncu: dram__bytes_write.sum alone", [WRITE, READ], "kernel"),
+        ("ncu: 24 metrics, application replay", metrics, "application"),
+    ]:
+        values, run, seconds, _ = pvn.ncu_once(
+            ncu, wanted, name, ["--child", name], [*base, "--replay-mode", replay]
+        )
+        out[label] = values.get(WRITE)
+        if not values:
+            print(f"{name}: {label} gave no values: {(run.stdout + run.stderr)[-800:]}")
+        print(f"{name}: {label}: {out[label]} bytes written ({seconds:.1f} s)", flush=True)
+    return out
+
+
+def ours_variants(name: str, collect: list[str], repeats: int) -> dict[str, float]:
+    import cudaforge.profiler as prof
+    from cudaforge import _core
+
+    forward, *_ = pvn.setup(name)
+    out = {}
+    for method in sorted(prof.L2_FLUSH_METHODS):
+        flush = prof.l2_flush(0, method)
+        for label, metrics, replay, fresh in [
+            ("24 metrics, user replay", collect, "user", False),
+            ("dram__bytes_write.sum alone", [WRITE, READ], "user", False),
+            ("24 metrics, kernel replay", collect, "kernel", False),
+            ("24 metrics, first profile after enable", collect, "user", True),
+        ]:
+            p = _core.Profiler(metrics, device=0)
+            got = []
+            try:
+                if not fresh:
+                    p.profile(forward, replay=replay, keep=True, names=False, before=flush)
+                for _ in range(1 if fresh else repeats):
+                    ranges = p.profile(forward, replay=replay, keep=True, names=False, before=flush)
+                    got.append(ranges[0]["metrics"][WRITE])
+                    if fresh:
+                        _core.profiler_release()
+            finally:
+                _core.profiler_release()
+            key = f"cudaforge {method} flush: {label}"
+            out[key] = statistics.median(got)
+            print(f"{name}: {key}: {got}", flush=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/out")
+    parser.add_argument("--kernels", default="relu,vector_add,matmul_naive")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    import torch
+
+    import cudaforge.profiler as prof
+
+    ncu = find_ncu()
+    plan = prof.check_metrics(prof.METRICS, "GH100")
+    ncu_metrics = [*prof.METRICS, *plan.substitutes.values()]
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "device": torch.cuda.get_device_name(0), "ncu": ncu, "kernels": {}}  # fmt: skip
+    for name in args.kernels.split(","):
+        row = ours_variants(name, plan.collect, args.repeats)
+        if ncu:
+            row.update(ncu_variants(ncu, name, ncu_metrics))
+        report["kernels"][name] = row
+    lines = [f"# {WRITE}: conditions side by side", "",
+             f"{report['date']}, {report['device']}, ncu {ncu or 'not found'}", "",
+             "| kernel | condition | bytes written |", "| --- | --- | --- |"]  # fmt: skip
+    for name, row in report["kernels"].items():
+        for label, value in row.items():
+            lines.append(f"| {name} | {label} | {'-' if value is None else f'{value:.6g}'} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dram_writes.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "dram_writes.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
