@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,12 +81,65 @@ def ours_variants(name: str, collect: list[str], repeats: int) -> dict[str, floa
     return out
 
 
+def fresh_variants(name: str, repeats: int) -> dict[str, float]:
+    import cudaforge.profiler as prof
+    from cudaforge import _core
+
+    flush = prof.l2_flush(0, "discard")
+    kept, got = [], []  # the older buffers stay allocated: each setup gets new memory
+    p = _core.Profiler([WRITE, READ], device=0)
+    try:
+        for _ in range(repeats + 1):
+            forward, *_ = pvn.setup(name)
+            kept.append(forward)
+            ranges = p.profile(forward, replay="user", keep=True, names=False, before=flush)
+            got.append(ranges[0]["metrics"][WRITE])
+    finally:
+        _core.profiler_release()
+    out = {"cudaforge discard flush: alone, new buffers each time": statistics.median(got[1:])}
+    print(f"{name}: new buffers each time: {got} (the first left out)", flush=True)
+    child = []
+    for _ in range(repeats):
+        run = subprocess.run([sys.executable, __file__, "--child", name], check=False,
+                             capture_output=True, text=True)  # fmt: skip
+        if run.returncode != 0:
+            print(f"{name}: fresh process failed: {run.stderr[-800:]}", flush=True)
+            continue
+        child.append(json.loads(run.stdout.strip().splitlines()[-1])["written"])
+    print(f"{name}: fresh process, first launch: {child}", flush=True)
+    if child:
+        out["cudaforge discard flush: alone, fresh process, first launch"] = statistics.median(child)
+    return out
+
+
+def child(name: str) -> None:
+    """A fresh Python: the Range Profiler's first profile spent on a torch kernel, then the
+    kernel's first launch profiled, as ncu profiles it."""
+    import torch
+
+    import cudaforge.profiler as prof
+    from cudaforge import _core
+
+    flush = prof.l2_flush(0, "discard")
+    p = _core.Profiler([WRITE, READ], device=0)
+    z = torch.zeros(1 << 20, device="cuda")
+    p.profile(lambda: z.add_(1), replay="user", keep=True, names=False, before=flush)
+    forward, *_ = pvn.setup(name)
+    ranges = p.profile(forward, replay="user", keep=True, names=False, before=flush)
+    _core.profiler_release()
+    print(json.dumps({"written": ranges[0]["metrics"][WRITE]}))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/out")
     parser.add_argument("--kernels", default="relu,vector_add,matmul_naive")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
 
     import torch
 
@@ -98,6 +152,7 @@ def main() -> int:
               "device": torch.cuda.get_device_name(0), "ncu": ncu, "kernels": {}}  # fmt: skip
     for name in args.kernels.split(","):
         row = ours_variants(name, plan.collect, args.repeats)
+        row.update(fresh_variants(name, args.repeats))
         if ncu:
             row.update(ncu_variants(ncu, name, ncu_metrics))
         report["kernels"][name] = row
