@@ -135,6 +135,7 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/out")
     parser.add_argument("--kernels", default="relu,vector_add,matmul_naive")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fresh-only", action="store_true", help="only the new-buffer variants")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -151,9 +152,9 @@ def main() -> int:
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "device": torch.cuda.get_device_name(0), "ncu": ncu, "kernels": {}}  # fmt: skip
     for name in args.kernels.split(","):
-        row = ours_variants(name, plan.collect, args.repeats)
+        row = {} if args.fresh_only else ours_variants(name, plan.collect, args.repeats)
         row.update(fresh_variants(name, args.repeats))
-        if ncu:
+        if ncu and not args.fresh_only:
             row.update(ncu_variants(ncu, name, ncu_metrics))
         report["kernels"][name] = row
     lines = [f"# {WRITE}: conditions side by side", "",
