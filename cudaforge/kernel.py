@@ -281,11 +281,13 @@ def _hook_torch() -> None:
 
 @functools.lru_cache(maxsize=1)
 def _nvrtc_version() -> tuple[int, int]:
+    _libs.ensure("nvrtc")
     return _core.nvrtc_version()
 
 
 @functools.lru_cache(maxsize=1)
 def _supported_archs() -> frozenset[int]:
+    _libs.ensure("nvrtc")  # current_arch() may be the process's first NVRTC call
     return frozenset(_core.nvrtc_supported_archs())
 
 

@@ -121,6 +121,16 @@ def test_arch_that_nvrtc_cannot_target():
         kernel.normalize_arch("hopper")
 
 
+def test_arch_checks_load_nvrtc_in_a_fresh_process():
+    # current_arch() (L2Flush's first call) and normalize_arch() may be a process's first use
+    # of NVRTC: they load it, as compile() does
+    code = "import cudaforge.kernel as k; print(k.normalize_arch('sm_90'))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "sm_90", out.stderr[-1500:]
+
+
 def test_compute_target_gives_ptx():
     mod = cudaforge.compile(ADD, arch="compute_90")
     assert b".entry add" in mod.image and mod.image.endswith(b"\0")

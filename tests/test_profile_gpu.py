@@ -507,6 +507,15 @@ def test_the_l2_flush_leaves_few_dirty_lines(mod, method):
     assert min(read) == pytest.approx(2 * 4 * n, rel=0.05), runs
 
 
+def test_the_default_flush_is_discard_in_a_fresh_process():
+    # the flush may be a worker's first NVRTC compile (a candidate built with load_inline)
+    code = "import cudaforge.profiler as p; f = p.l2_flush(0); print(f.method, f.fallback)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0 and out.stdout.split() == ["discard", "None"], out.stderr[-1500:]
+
+
 def test_no_profiler_is_made_while_a_profile_runs(mod, matmul_case):
     """Making a Profiler reads counter availability, which needs the kept Range Profiler gone:
     while a profile() is using it, the new Profiler is refused and the running profile ends well."""
