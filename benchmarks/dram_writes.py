@@ -118,8 +118,9 @@ def child(name: str) -> None:
     import torch
 
     import cudaforge.profiler as prof
-    from cudaforge import _core
+    from cudaforge import _core, _libs
 
+    _libs.ensure("cupti")
     flush = prof.l2_flush(0, "discard")
     p = _core.Profiler([WRITE, READ], device=0)
     z = torch.zeros(1 << 20, device="cuda")
