@@ -375,15 +375,14 @@ L2_FLUSH_METHOD = "discard"
 
 
 class L2Flush:
-    """Leaves a GPU's L2 holding none of the caller's data and few dirty lines, on the current
-    stream. It writes four times the L2 to one buffer (the caller's lines are evicted, the dirty
-    ones written back), then either reads twice the L2 from another buffer ("read": clean lines;
-    some dirty ones survive: an add with a 4 MB output then wrote 8-18 KB back on the H200, where
-    ncu's flush leaves none) or invalidates the written buffer's lines without writing them back
-    ("discard", PTX discard.global.L2, sm_80+, compiled with NVRTC: nothing written back after
-    it, as after ncu's). A write alone would leave
-    dirty lines whose write-back the next kernel pays for (on the H200 ~20 us more than ncu's
-    cache flush on two 0.2 ms kernels)."""
+    """Leaves a GPU's L2 holding none of the caller's data, on the current stream. It writes four
+    times the L2 to one buffer (the caller's lines are evicted, the dirty ones written back), then
+    either invalidates that buffer's lines without writing them back ("discard", PTX
+    discard.global.L2, sm_80+, compiled with NVRTC: no dirty line is left, as after ncu's cache
+    control) or reads twice the L2 from another buffer ("read": clean lines, but a few dirty ones
+    survive: an add with a 4 MB output then wrote 8-25 KB back on the H200). Writing alone would
+    leave dirty lines whose write-back the next kernel pays for (on the H200 ~20 us more than
+    ncu's cache flush on two 0.2 ms kernels)."""
 
     def __init__(self, device: int, method: str = "read"):
         if method not in L2_FLUSH_METHODS:
@@ -426,18 +425,19 @@ def l2_flush(device, method: str | None = None) -> L2Flush:
     evaluate. Without a method: L2_FLUSH_METHOD, or "read" (with the reason in `.fallback`)
     where "discard" does not compile for the GPU."""
     index = _device_index(device)
-    key = (index, method)
-    found = _l2_flushes.get(key)
-    if found is None:
-        if method is not None:
-            found = L2Flush(index, method)
-        else:
-            try:
-                found = L2Flush(index, L2_FLUSH_METHOD)
-            except (CompileError, LibraryNotFound) as exc:
-                found = L2Flush(index, "read")
-                found.fallback = f"{L2_FLUSH_METHOD} flush unavailable: {exc}"[:300]
-        _l2_flushes[key] = found
+    found = _l2_flushes.get((index, method or L2_FLUSH_METHOD)) or _l2_flushes.get((index, method))
+    if found is not None:
+        return found
+    if method is not None:
+        found = _l2_flushes[(index, method)] = L2Flush(index, method)
+        return found
+    try:
+        found = L2Flush(index, L2_FLUSH_METHOD)
+        _l2_flushes[(index, L2_FLUSH_METHOD)] = found  # the same one when asked for by name
+    except (CompileError, LibraryNotFound) as exc:
+        found = _l2_flushes.setdefault((index, "read"), L2Flush(index, "read"))
+        found.fallback = f"{L2_FLUSH_METHOD} flush unavailable: {exc}"[:300]
+    _l2_flushes[(index, None)] = found
     return found
 
 

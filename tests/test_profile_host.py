@@ -505,6 +505,23 @@ def test_the_default_flush_falls_back_to_reads_where_discard_does_not_compile(mo
     flush = prof.l2_flush(3)
     assert flush.method == "read" and made == [(3, "read")]
     assert "discard flush unavailable" in flush.fallback and "sm_80" in flush.fallback
-    assert prof.l2_flush(3) is flush  # made once
+    assert prof.l2_flush(3) is flush and prof.l2_flush(3, "read") is flush  # made once
     with pytest.raises(CompileError):  # asked for by name: no fallback
         prof.l2_flush(3, "discard")
+    assert made == [(3, "read")]
+
+
+def test_the_default_flush_is_the_one_asked_for_by_name(monkeypatch):
+    made = []
+
+    class FakeFlush:
+        def __init__(self, device, method):
+            made.append((device, method))
+            self.method, self.fallback = method, None
+
+    monkeypatch.setattr(prof, "L2Flush", FakeFlush)
+    monkeypatch.setattr(prof, "_l2_flushes", {})
+    assert prof.l2_flush(0) is prof.l2_flush(0, prof.L2_FLUSH_METHOD) is prof.l2_flush(0)
+    other = "read" if prof.L2_FLUSH_METHOD != "read" else "discard"
+    assert prof.l2_flush(0, other).method == other and prof.l2_flush(1).method == "discard"
+    assert made == [(0, "discard"), (0, other), (1, "discard")]  # one buffer set per kind
