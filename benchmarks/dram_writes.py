@@ -1,7 +1,10 @@
 """Where cudaforge's and ncu's `dram__bytes_write.sum` part ways: one kernel's DRAM writes as each
 tool reads them under several conditions, side by side in one run (issue 3's last metric).
 
-    python benchmarks/dram_writes.py --out DIR [--kernels relu,vector_add,matmul_naive]
+    python benchmarks/dram_writes.py --out DIR [--kernels read_sum,relu,vector_add,matmul_naive]
+
+read_sum (a probe: 256 MB read, 33 KB written) writes back what the L2 held dirty when it began,
+so its count under each tool measures what that tool's flush leaves.
 
 ncu (a fresh Python under ncu, --cache-control all, --clock-control none, first launch):
     the 24 metrics with kernel replay (as profile_vs_ncu.py), dram__bytes_write.sum alone (one
@@ -108,7 +111,8 @@ def fresh_variants(name: str, repeats: int) -> dict[str, float]:
         child.append(json.loads(run.stdout.strip().splitlines()[-1])["written"])
     print(f"{name}: fresh process, first launch: {child}", flush=True)
     if child:
-        out["cudaforge discard flush: alone, fresh process, first launch"] = statistics.median(child)
+        key = "cudaforge discard flush: alone, fresh process, first launch"
+        out[key] = statistics.median(child)
     return out
 
 
@@ -134,7 +138,7 @@ def child(name: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/out")
-    parser.add_argument("--kernels", default="relu,vector_add,matmul_naive")
+    parser.add_argument("--kernels", default="read_sum,relu,vector_add,matmul_naive")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--fresh-only", action="store_true", help="only the new-buffer variants")
     parser.add_argument("--child", help=argparse.SUPPRESS)

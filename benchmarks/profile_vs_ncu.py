@@ -12,6 +12,10 @@ Writes profile_vs_ncu.json and profile_vs_ncu.md under --out. Options:
     --l2-flush read,discard             cudaforge's flush method(s) (L2Flush); the first is the
                                         one timed and tabled, each is compared with the same
                                         ncu values (default: the library's default method)
+    --repeats N                         cudaforge profiles per kernel (default 5): the latency is
+                                        their median wall time, each metric their median value
+    --ncu-repeats N                     ncu runs per kernel (default 1): each metric their median,
+                                        the tables give both tools' lowest-highest range
     --paper-ncu                         also time the paper's way for vector_add: ncu over a fresh
                                         Python that builds the candidate with load_inline (a new
                                         candidate, so a cold build), against cudaforge compiling
@@ -122,6 +126,23 @@ extern "C" __global__ void transpose_naive(const float* x, float* y, int n) {
 }
 
 
+# Probes (benchmarks/dram_writes.py), not in the default comparison: a kernel that streams 256 MB
+# in and writes 33 KB, so the DRAM bytes it writes are the dirty lines the L2 held when it began.
+PROBES = {
+    "read_sum": r"""
+extern "C" __global__ void read_sum(const float4* __restrict__ x, float* out, long long n4) {
+    float acc = 0.f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4;
+         i += (long long)gridDim.x * blockDim.x) {
+        float4 v = x[i];
+        acc += v.x + v.y + v.z + v.w;
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, offset);
+    if ((threadIdx.x & 31) == 0) out[blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32] = acc;
+}""",
+}
+
+
 def setup(name: str):
     """Compile `name`, make its inputs (fixed seed) and return (forward, kernel, min_bytes, flops)."""
     import torch
@@ -129,9 +150,14 @@ def setup(name: str):
     import cudaforge
 
     torch.manual_seed(0)
-    mod = cudaforge.compile(SOURCES[name])
+    mod = cudaforge.compile(SOURCES[name] if name in SOURCES else PROBES[name])
     kernel = mod.kernel(name)
     dev = "cuda"
+    if name == "read_sum":
+        n, blocks = 1 << 26, 132 * 8
+        x = torch.randn(n, device=dev)
+        out = torch.empty(blocks * 8, device=dev)
+        return lambda: kernel((blocks,), (256,), (x, out, n // 4)), kernel, 4 * n, None
     if name == "vector_add":
         n = 1 << 24
         a, b = torch.randn(n, device=dev), torch.randn(n, device=dev)
@@ -396,6 +422,30 @@ def compare(name: str, ours, ncu_values: dict[str, float], plan) -> list[dict]:
     return rows
 
 
+def median_values(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per metric, the median over the runs that have it."""
+    names = {m for run in runs for m in run}
+    return {m: statistics.median([run[m] for run in runs if m in run]) for m in sorted(names)}
+
+
+def value_ranges(runs: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Per metric, [lowest, highest] over the runs that have it."""
+    names = {m for run in runs for m in run}
+    return {m: [min(r[m] for r in runs if m in r), max(r[m] for r in runs if m in r)]
+            for m in sorted(names)}  # fmt: skip
+
+
+def median_profile(results: list, name: str):
+    """(the last profile, its kernels cut to `name`, with each metric the median over `results`
+    (the same kernel profiled several times); {metric: [lowest, highest]} over them)."""
+    runs = [k.metrics for r in results for k in r.kernels if k.name == name]
+    last = results[-1]
+    last.kernels = [k for k in last.kernels if k.name == name]
+    if last.kernels:
+        last.kernels[0].metrics = median_values(runs)
+    return last, value_ranges(runs)
+
+
 def ours_value(profile, metric: str):
     kernel = profile.kernels[0] if profile.kernels else None
     return None if kernel is None else kernel.metrics.get(metric)
@@ -436,6 +486,10 @@ def record_fixture(path: str) -> None:
     )
     Path(path).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
     print(f"wrote {path}")
+
+
+def span(low_high) -> str:
+    return "-" if not low_high else f"{low_high[0]:.6g}-{low_high[1]:.6g}"
 
 
 def markdown(report: dict) -> str:
@@ -480,8 +534,13 @@ def markdown(report: dict) -> str:
         "",
         "## Fidelity (within 5% or 1 percentage point of ncu)",
         "",
-        "| kernel | metric | cudaforge | ncu | ok |",
-        "| --- | --- | --- | --- | --- |",
+        (
+            f"cudaforge: median of {report.get('repeats', 1)} profiles; ncu: median of "
+            f"{report.get('ncu_repeats', 1)} run(s); ranges are lowest-highest over them."
+        ),
+        "",
+        "| kernel | metric | cudaforge | ncu | ok | cudaforge range | ncu range |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for k in report["kernels"]:
         for row in k["fidelity"]:
@@ -489,7 +548,12 @@ def markdown(report: dict) -> str:
             theirs = "-" if row["ncu"] is None else f"{row['ncu']:.6g}"
             ok = {True: "yes", False: "**no**", None: "n/a"}[row["ok"]]
             metric = row["metric"] + (f" (as {row['compared_as']})" if "compared_as" in row else "")
-            lines.append(f"| {k['name']} | {metric} | {ours} | {theirs} | {ok} |")
+            spans = " | ".join(
+                span((k.get(side) or {}).get(key))
+                for side, key in (("ours_ranges", row["metric"]),
+                                  ("ncu_ranges", row.get("compared_as", row["metric"])))
+            )  # fmt: skip
+            lines.append(f"| {k['name']} | {metric} | {ours} | {theirs} | {ok} | {spans} |")
     s = report["summary"]
     lines += [
         "",
@@ -502,12 +566,11 @@ def markdown(report: dict) -> str:
     if len(methods) > 1:
         text = report["l2_flush_descriptions"]
         lines += ["", "## L2 flush methods (same ncu values)", ""]
-        lines.append(f"- {methods[0]} ({text[methods[0]]}): {s['within']} of "
-                     f"{s['compared']} within; outside: {', '.join(s['failing']) or 'none'}")  # fmt: skip
-        for method in methods[1:]:
-            m = s[f"with the {method} flush"]
-            lines.append(f"- {method} ({text[method]}): {m['within']} of "
-                         f"{m['compared']} within; outside: {', '.join(m['failing']) or 'none'}")  # fmt: skip
+        for method in methods:
+            m = s if method == methods[0] else s[f"with the {method} flush"]
+            outside = ", ".join(m["failing"]) or "none"
+            lines.append(f"- {method} ({text[method]}): {m['within']} of {m['compared']} within; "
+                         f"outside: {outside}")  # fmt: skip
         lines += ["", "| kernel | metric | ncu | " + " | ".join(methods) + " |",
                   "| --- | --- | --- | " + " | ".join("---" for _ in methods) + " |"]  # fmt: skip
         for k in report["kernels"]:
@@ -534,6 +597,7 @@ def main() -> int:
     parser.add_argument("--ncu-cache-control", default="all", choices=["all", "none"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--l2-flush", default=None)
+    parser.add_argument("--ncu-repeats", type=int, default=1)
     parser.add_argument("--record-fixture")
     parser.add_argument("--paper-ncu", action="store_true")
     parser.add_argument("--diagnose", action="store_true")
@@ -575,6 +639,8 @@ def main() -> int:
         "ncu_version": ncu_version,
         "ncu_cache_control": args.ncu_cache_control,
         "l2_flush": prof.L2_FLUSH_METHODS[methods[0]] if args.ncu_cache_control == "all" else None,
+        "repeats": args.repeats,
+        "ncu_repeats": max(1, args.ncu_repeats),
         "l2_flush_methods": methods if args.ncu_cache_control == "all" else [],
         "l2_flush_descriptions": {m: prof.L2_FLUSH_METHODS[m] for m in methods},
         "plan": plan.to_dict(),
@@ -594,12 +660,14 @@ def main() -> int:
             "l2_flush_method": methods[0],
         }
         prof.profile_forward(forward, **common)  # warm: compile, contexts, ceilings, host objects
-        runs, range_s = [], []
+        runs, range_s, results = [], [], []
         for _ in range(args.repeats):
             started = time.perf_counter()
             result = prof.profile_forward(forward, **common)
             runs.append(time.perf_counter() - started)
             range_s.append(result.profile_s)
+            results.append(result)
+        result, entry_ranges = median_profile(results, name)
         entry = {
             "name": name,
             "profile": result.to_dict(),
@@ -609,21 +677,27 @@ def main() -> int:
                 "range_profiler_s": statistics.median(range_s),
                 "range_profiler_phases_s": result.profile_phases,
             },
+            "ours_ranges": entry_ranges,
         }
-        result.kernels = [k for k in result.kernels if k.name == name]
         # the other flush methods, on the same kernel and inputs, compared with the same ncu run
         others = {}
         for method in report["l2_flush_methods"][1:]:
-            for _ in range(max(1, args.repeats)):
-                other = prof.profile_forward(forward, **{**common, "l2_flush_method": method})
-            other.kernels = [k for k in other.kernels if k.name == name]
-            others[method] = other
+            flushed = [
+                prof.profile_forward(forward, **{**common, "l2_flush_method": method})
+                for _ in range(max(1, args.repeats))
+            ]
+            others[method] = median_profile(flushed, name)[0]
         if ncu:
             # the kept Range Profiler holds the GPU's counters: ncu would be refused
             _core.profiler_release()
-            got = run_ncu(ncu, name, ncu_metrics, args.ncu_cache_control)
+            ncu_runs = [
+                run_ncu(ncu, name, ncu_metrics, args.ncu_cache_control)
+                for _ in range(max(1, args.ncu_repeats))
+            ]
+            got = {**ncu_runs[0], "values": median_values([r.get("values", {}) for r in ncu_runs])}
             entry["ncu_run"] = {k: v for k, v in got.items() if k != "values"}
             entry["ncu_values"] = got.get("values", {})
+            entry["ncu_ranges"] = value_ranges([r.get("values", {}) for r in ncu_runs])
             entry["latency"]["ncu_s"] = got["seconds"]
             if got.get("values"):
                 entry["latency"]["speedup"] = got["seconds"] / entry["latency"]["ours_s"]
