@@ -74,8 +74,6 @@ def ours_variants(name: str, collect: list[str], repeats: int) -> dict[str, floa
                 for _ in range(1 if fresh else repeats):
                     ranges = p.profile(forward, replay=replay, keep=True, names=False, before=flush)
                     got.append(ranges[0]["metrics"][WRITE])
-                    if fresh:
-                        _core.profiler_release()
             finally:
                 _core.profiler_release()
             key = f"cudaforge {method} flush: {label}"

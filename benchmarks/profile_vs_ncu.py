@@ -392,7 +392,6 @@ def child(name: str) -> None:
 # ---------------------------------------------------------------- comparison
 
 
-
 def close(name: str, ours: float, theirs: float) -> bool:
     if "pct" in name and abs(ours - theirs) <= 1.0:
         return True

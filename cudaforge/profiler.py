@@ -384,7 +384,7 @@ class L2Flush:
     leave dirty lines whose write-back the next kernel pays for (on the H200 ~20 us more than
     ncu's cache flush on two 0.2 ms kernels)."""
 
-    def __init__(self, device: int, method: str = "read"):
+    def __init__(self, device: int, method: str):
         if method not in L2_FLUSH_METHODS:
             raise ValueError(f"method must be one of {sorted(L2_FLUSH_METHODS)}, not {method!r}")
         torch = _torch()
@@ -417,7 +417,7 @@ class L2Flush:
             self.discard.cudaforge_l2_discard(grid, (256,), (self.written, lines))
 
 
-_l2_flushes: dict[tuple[int, str], L2Flush] = {}
+_l2_flushes: dict[tuple[int, str | None], L2Flush] = {}
 
 
 def l2_flush(device, method: str | None = None) -> L2Flush:
@@ -425,19 +425,17 @@ def l2_flush(device, method: str | None = None) -> L2Flush:
     evaluate. Without a method: L2_FLUSH_METHOD, or "read" (with the reason in `.fallback`)
     where "discard" does not compile for the GPU."""
     index = _device_index(device)
-    found = _l2_flushes.get((index, method or L2_FLUSH_METHOD)) or _l2_flushes.get((index, method))
-    if found is not None:
-        return found
-    if method is not None:
-        found = _l2_flushes[(index, method)] = L2Flush(index, method)
-        return found
-    try:
-        found = L2Flush(index, L2_FLUSH_METHOD)
-        _l2_flushes[(index, L2_FLUSH_METHOD)] = found  # the same one when asked for by name
-    except (CompileError, LibraryNotFound) as exc:
-        found = _l2_flushes.setdefault((index, "read"), L2Flush(index, "read"))
-        found.fallback = f"{L2_FLUSH_METHOD} flush unavailable: {exc}"[:300]
-    _l2_flushes[(index, None)] = found
+    found = _l2_flushes.get((index, method))
+    if found is None:
+        if method is not None:
+            found = L2Flush(index, method)
+        else:  # the default is the same object as the method it resolves to
+            try:
+                found = l2_flush(index, L2_FLUSH_METHOD)
+            except (CompileError, LibraryNotFound) as exc:
+                found = l2_flush(index, "read")
+                found.fallback = f"{L2_FLUSH_METHOD} flush unavailable: {exc}"[:300]
+        _l2_flushes[(index, method)] = found
     return found
 
 
