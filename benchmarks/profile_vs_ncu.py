@@ -16,6 +16,10 @@ Writes profile_vs_ncu.json and profile_vs_ncu.md under --out. Options:
                                         their median wall time, each metric their median value
     --ncu-repeats N                     ncu runs per kernel (default 1): each metric their median,
                                         the tables give both tools' lowest-highest range
+    --no-same-flush                     skip the extra ncu run per kernel (default: on) that
+                                        reads the DRAM byte counts with ncu's cache control off
+                                        and cudaforge's flush in the profiled process, so both
+                                        tools start from the same L2
     --paper-ncu                         also time the paper's way for vector_add: ncu over a fresh
                                         Python that builds the candidate with load_inline (a new
                                         candidate, so a cold build), against cudaforge compiling
@@ -381,12 +385,69 @@ def diagnose() -> list[dict]:
     return rows
 
 
-def child(name: str) -> None:
+def child(name: str, flush: str | None = None) -> None:
+    """The script ncu profiles: one launch of `name`; with `flush`, cudaforge's L2Flush of that
+    method runs right before it (for ncu with --cache-control none)."""
     forward, *_ = setup(name)
-    forward()
     import torch
 
+    if flush:
+        import cudaforge.profiler as prof
+
+        prof.l2_flush(0, flush)()
+        torch.cuda.synchronize()
+    forward()
     torch.cuda.synchronize()
+
+
+DRAM_BYTES = ["dram__bytes_read.sum", "dram__bytes_write.sum"]
+
+
+def run_ncu_same_flush(ncu: str, name: str, method: str, repeats: int) -> dict:
+    """ncu reading DRAM_BYTES (one pass) of `name` with its own cache control off and
+    cudaforge's `method` flush run in the profiled process just before the launch: both tools
+    then start from the same L2. Values are medians over `repeats` runs."""
+    options = ["--clock-control", "none", "--cache-control", "none", "--replay-mode", "kernel"]
+    runs, errors = [], []
+    for _ in range(max(1, repeats)):
+        child_args = ["--child", name, "--child-flush", method]
+        values, run, _, cmd = ncu_once(ncu, DRAM_BYTES, name, child_args, options)
+        if values:
+            runs.append(values)
+        else:
+            errors.append((run.stdout + run.stderr)[-1500:])
+    return {"values": median_values(runs), "ranges": value_ranges(runs), "errors": errors,
+            "cmd": " ".join(cmd)}  # fmt: skip
+
+
+def same_flush_rows(name: str, fidelity: list[dict], ncu_values: dict[str, float]) -> list[dict]:
+    """The DRAM byte rows of `fidelity` compared again, with ncu's values from the same flush."""
+    rows = []
+    for row in fidelity:
+        if row["metric"] not in DRAM_BYTES:
+            continue
+        theirs = ncu_values.get(row["metric"])
+        new = {"kernel": name, "metric": row["metric"], "ours": row["ours"], "ncu": theirs}
+        new["ok"] = None if row["ours"] is None or theirs is None else close(
+            row["metric"], row["ours"], theirs)  # fmt: skip
+        rows.append(new)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    rows = [r for r in rows if r["ok"] is not None]
+    return {"compared": len(rows), "within": sum(1 for r in rows if r["ok"]),
+            "failing": [f"{r['kernel']}: {r['metric']}" for r in rows if not r["ok"]]}  # fmt: skip
+
+
+def with_same_flush(kernels: list[dict]) -> dict:
+    """The summary over all compared values, the DRAM byte counts taken from the same-flush
+    comparison where a kernel has one."""
+    rows = []
+    for k in kernels:
+        again = {r["metric"]: r for r in k.get("same_flush", {}).get("rows", [])}
+        rows += [again.get(r["metric"], r) for r in k["fidelity"]]
+    return summarize(rows)
 
 
 # ---------------------------------------------------------------- comparison
@@ -561,6 +622,37 @@ def markdown(report: dict) -> str:
             f"median speedup {s['median_speedup']}x."
         ),
     ]
+    same = [k for k in report["kernels"] if "same_flush" in k]
+    if same:
+        m = s["same flush"]
+        lines += [
+            "",
+            "## DRAM bytes with the same L2 flush on both sides",
+            "",
+            (
+                "ncu with --cache-control none, one pass of the two DRAM byte counts, cudaforge's "
+                f"{report['l2_flush_methods'][0]} flush run in the profiled process just before the "
+                "launch; cudaforge's values as above. ncu's own cache control leaves dirty lines "
+                "that the profiled kernel writes back (benchmarks/dram_writes.py, read_sum)."
+            ),
+            "",
+            (
+                "| kernel | metric | cudaforge | ncu, its flush | ncu, cudaforge's flush | ok | "
+                "ncu range |"
+            ),
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for k in same:
+            own = {r["metric"]: r["ncu"] for r in k["fidelity"]}
+            for row in k["same_flush"]["rows"]:
+                cells = [row["ours"], own.get(row["metric"]), row["ncu"]]
+                cells = " | ".join("-" if c is None else f"{c:.6g}" for c in cells)
+                ok = {True: "yes", False: "**no**", None: "n/a"}[row["ok"]]
+                spread = span(k["same_flush"]["ranges"].get(row["metric"]))
+                lines.append(f"| {k['name']} | {row['metric']} | {cells} | {ok} | {spread} |")
+        outside = ", ".join(m["failing"]) or "none"
+        lines += ["", (f"With the same flush for the DRAM byte counts: {m['within']} of "
+                       f"{m['compared']} compared values within tolerance; outside: {outside}.")]  # fmt: skip
     methods = report.get("l2_flush_methods") or []
     if len(methods) > 1:
         text = report["l2_flush_descriptions"]
@@ -600,11 +692,13 @@ def main() -> int:
     parser.add_argument("--record-fixture")
     parser.add_argument("--paper-ncu", action="store_true")
     parser.add_argument("--diagnose", action="store_true")
+    parser.add_argument("--same-flush", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-flush", help=argparse.SUPPRESS)
     parser.add_argument("--paper-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.child_flush)
         return 0
     if args.paper_child:
         paper_child(args.paper_child)
@@ -703,6 +797,12 @@ def main() -> int:
             entry["fidelity"] = compare(name, result, got.get("values", {}), plan)
         else:
             entry["fidelity"] = compare(name, result, {}, plan)
+        if ncu and args.same_flush and args.ncu_cache_control == "all":
+            same = run_ncu_same_flush(ncu, name, methods[0], args.ncu_repeats)
+            same["rows"] = same_flush_rows(name, entry["fidelity"], same["values"])
+            entry["same_flush"] = same
+            for error in same["errors"]:
+                print(f"{name}: ncu with cudaforge's flush gave no values: {error}", flush=True)
         entry["fidelity_by_flush"] = {
             method: compare(name, other, entry["ncu_values"] if ncu else {}, plan)
             for method, other in others.items()
@@ -722,22 +822,16 @@ def main() -> int:
         print(f"paper way (vector_add, new candidate): ncu + load_inline {theirs['seconds']:.1f} s"
               f" ({theirs['metrics_read']} values), cudaforge compile + profile "
               f"{statistics.median(runs):.3f} s", flush=True)  # fmt: skip
-    compared = [r for k in report["kernels"] for r in k["fidelity"] if r["ok"] is not None]
     speedups = [k["latency"]["speedup"] for k in report["kernels"] if k["latency"].get("speedup")]
     report["summary"] = {
-        "compared": len(compared),
-        "within": sum(1 for r in compared if r["ok"]),
-        "failing": [f"{r['kernel']}: {r['metric']}" for r in compared if not r["ok"]],
+        **summarize([r for k in report["kernels"] for r in k["fidelity"]]),
         "median_speedup": round(statistics.median(speedups), 1) if speedups else None,
     }
     for method in report["l2_flush_methods"][1:]:
         rows = [r for k in report["kernels"] for r in k["fidelity_by_flush"][method]]
-        rows = [r for r in rows if r["ok"] is not None]
-        report["summary"][f"with the {method} flush"] = {
-            "compared": len(rows),
-            "within": sum(1 for r in rows if r["ok"]),
-            "failing": [f"{r['kernel']}: {r['metric']}" for r in rows if not r["ok"]],
-        }
+        report["summary"][f"with the {method} flush"] = summarize(rows)
+    if any("same_flush" in k for k in report["kernels"]):
+        report["summary"]["same flush"] = with_same_flush(report["kernels"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_vs_ncu.json").write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -74,6 +74,40 @@ def test_the_report_gives_medians_ranges_and_each_flush_method():
     assert "| relu | dram__bytes_write.sum | 47.3 | 44.9 (**no**) | 45 (**no**) |" in text
 
 
+def test_the_same_flush_comparison_replaces_only_the_dram_byte_rows():
+    fidelity = [
+        {"kernel": "relu", "metric": "dram__bytes_write.sum", "ours": 44.9, "ncu": 47.3, "ok": False},
+        {"kernel": "relu", "metric": "dram__bytes_read.sum", "ours": 67.1, "ncu": 67.2, "ok": True},
+        {"kernel": "relu", "metric": "lts__t_sector_hit_rate.pct", "ours": 50.0, "ncu": 58.0,
+         "ok": False},
+    ]  # fmt: skip
+    rows = pvn.same_flush_rows("relu", fidelity, {"dram__bytes_write.sum": 45.0})
+    assert [(r["metric"], r["ncu"], r["ok"]) for r in rows] == [
+        ("dram__bytes_write.sum", 45.0, True), ("dram__bytes_read.sum", None, None)]  # fmt: skip
+    summary = pvn.with_same_flush([{"fidelity": fidelity, "same_flush": {"rows": rows}}])
+    # the write count now agrees; the read count lost its ncu value; the hit rate is untouched
+    assert summary == {"compared": 2, "within": 1, "failing": ["relu: lts__t_sector_hit_rate.pct"]}
+    assert pvn.summarize(fidelity)["within"] == 1
+
+
+def test_the_report_tables_the_same_flush_values():
+    row = {"kernel": "relu", "metric": "dram__bytes_write.sum", "ours": 44.9, "ncu": 47.3,
+           "ok": False}  # fmt: skip
+    again = {**row, "ncu": 45.1, "ok": True}
+    kernel = {"name": "relu", "fidelity": [row],
+              "latency": {"ours_s": 0.2, "range_profiler_s": 0.19},
+              "same_flush": {"rows": [again], "ranges": {row["metric"]: [45.0, 45.2]}}}  # fmt: skip
+    summary = {**pvn.summarize([row]), "median_speedup": None,
+               "same flush": pvn.with_same_flush([kernel])}  # fmt: skip
+    report = {"device": "H200", "ncu_version": "2025.3", "ncu_cache_control": "all",
+              "l2_flush": "d", "l2_flush_methods": ["discard"], "kernels": [kernel],
+              "summary": summary}  # fmt: skip
+    text = pvn.markdown(report)
+    assert "| relu | dram__bytes_write.sum | 44.9 | 47.3 | 45.1 | yes | 45-45.2 |" in text
+    assert "counts: 1 of 1 compared values within tolerance; outside: none." in text
+    assert "Summary: 0 of 1 compared values within tolerance" in text
+
+
 @pytest.mark.parametrize("script", ["profile_vs_ncu.py", "dram_writes.py"])
 def test_the_scripts_parse_their_options(script):
     out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True,
