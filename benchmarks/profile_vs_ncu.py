@@ -16,10 +16,11 @@ Writes profile_vs_ncu.json and profile_vs_ncu.md under --out. Options:
                                         their median wall time, each metric their median value
     --ncu-repeats N                     ncu runs per kernel (default 1): each metric their median,
                                         the tables give both tools' lowest-highest range
-    --no-same-flush                     skip the extra ncu run per kernel (default: on) that
-                                        reads the DRAM byte counts with ncu's cache control off
-                                        and cudaforge's flush in the profiled process, so both
-                                        tools start from the same L2
+    --same-flush                        also an ncu run per kernel reading the DRAM byte
+                                        counts with ncu's cache control off and cudaforge's flush
+                                        in the profiled process, so both start from the same L2
+    --baseline read_sum                 the probe whose DRAM writes each tool's net write counts
+                                        subtract ('' for none; see net_rows)
     --paper-ncu                         also time the paper's way for vector_add: ncu over a fresh
                                         Python that builds the candidate with load_inline (a new
                                         candidate, so a cold build), against cudaforge compiling
@@ -49,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from ncu_tools import find_ncu
@@ -440,14 +442,51 @@ def summarize(rows: list[dict]) -> dict:
             "failing": [f"{r['kernel']}: {r['metric']}" for r in rows if not r["ok"]]}  # fmt: skip
 
 
-def with_same_flush(kernels: list[dict]) -> dict:
-    """The summary over all compared values, the DRAM byte counts taken from the same-flush
-    comparison where a kernel has one."""
+def with_rows(kernels: list[dict], key: str) -> dict:
+    """The summary over all compared values, a kernel's rows replaced by those of its `key`
+    comparison ("same_flush", "net") where it has one."""
     rows = []
     for k in kernels:
-        again = {r["metric"]: r for r in k.get("same_flush", {}).get("rows", [])}
+        again = {r["metric"]: r for r in k.get(key, {}).get("rows", [])}
         rows += [again.get(r["metric"], r) for r in k["fidelity"]]
     return summarize(rows)
+
+
+WRITE = "dram__bytes_write.sum"
+
+
+def net_rows(name: str, fidelity: list[dict], baseline: dict) -> list[dict]:
+    """`name`'s DRAM write count with each tool's count for the baseline probe subtracted.
+
+    The probe (read_sum) streams 256 MB and writes 33 KB, so what a tool reads for it beyond
+    that is the write-back of lines left dirty in the L2 before the kernel began; a kernel that
+    also streams more than twice the L2 evicts all of them, so it pays the same write-back."""
+    row = next((r for r in fidelity if r["metric"] == WRITE), None)
+    if row is None or row["ours"] is None or row["ncu"] is None:
+        return []
+    ours, theirs = row["ours"] - baseline["ours"], row["ncu"] - baseline["ncu"]
+    return [{"kernel": name, "metric": WRITE, "ours": ours, "ncu": theirs,
+             "ok": close(WRITE, ours, theirs)}]  # fmt: skip
+
+
+def measure_baseline(name: str, common: dict, repeats: int, ncu: str, ncu_metrics: list[str],
+                     cache_control: str, ncu_repeats: int) -> dict:
+    """The probe's DRAM write count under both tools, profiled as the kernels are."""
+    import cudaforge.profiler as prof
+    from cudaforge import _core
+
+    forward, kernel, min_bytes, _ = setup(name)
+    settings = {**common, "kernels": {name: kernel}, "min_bytes": min_bytes, "flops": None}
+    prof.profile_forward(forward, **settings)
+    ours = [prof.profile_forward(forward, **settings) for _ in range(max(1, repeats))]
+    ours = [k.metrics.get(WRITE) for r in ours for k in r.kernels if k.name == name]
+    _core.profiler_release()
+    theirs = [run_ncu(ncu, name, ncu_metrics, cache_control) for _ in range(max(1, ncu_repeats))]
+    theirs = [r["values"][WRITE] for r in theirs if WRITE in r.get("values", {})]
+    if not ours or not theirs or None in ours:
+        return {"name": name, "error": f"no {WRITE}: cudaforge {ours}, ncu {theirs}"}
+    return {"name": name, "ours": statistics.median(ours), "ncu": statistics.median(theirs),
+            "ours_range": [min(ours), max(ours)], "ncu_range": [min(theirs), max(theirs)]}  # fmt: skip
 
 
 # ---------------------------------------------------------------- comparison
@@ -653,6 +692,32 @@ def markdown(report: dict) -> str:
         outside = ", ".join(m["failing"]) or "none"
         lines += ["", (f"With the same flush for the DRAM byte counts: {m['within']} of "
                        f"{m['compared']} compared values within tolerance; outside: {outside}.")]  # fmt: skip
+    base = report.get("baseline")
+    if base:
+        lines += ["", "## DRAM writes net of each tool's baseline", ""]
+        if base.get("error"):
+            lines.append(f"Baseline probe {base['name']}: {base['error']}")
+        else:
+            m = s["net of the baseline"]
+            lines += [
+                (
+                    f"Baseline probe {base['name']} (streams 256 MB, writes 33 KB): cudaforge "
+                    f"{base['ours']:.6g} ({span(base['ours_range'])}), ncu {base['ncu']:.6g} "
+                    f"({span(base['ncu_range'])}) bytes written. Subtracted from the "
+                    f"{WRITE} of each kernel whose DRAM traffic exceeds twice the L2 "
+                    "(it evicts every line left dirty before it began, as the probe does)."
+                ),
+                "",
+                "| kernel | cudaforge net | ncu net | ok |",
+                "| --- | --- | --- | --- |",
+            ]
+            for k in report["kernels"]:
+                for row in k.get("net", {}).get("rows", []):
+                    ok = "yes" if row["ok"] else "**no**"
+                    lines.append(f"| {k['name']} | {row['ours']:.6g} | {row['ncu']:.6g} | {ok} |")
+            outside = ", ".join(m["failing"]) or "none"
+            lines += ["", (f"With these net write counts: {m['within']} of {m['compared']} "
+                           f"compared values within tolerance; outside: {outside}.")]  # fmt: skip
     methods = report.get("l2_flush_methods") or []
     if len(methods) > 1:
         text = report["l2_flush_descriptions"]
@@ -692,7 +757,8 @@ def main() -> int:
     parser.add_argument("--record-fixture")
     parser.add_argument("--paper-ncu", action="store_true")
     parser.add_argument("--diagnose", action="store_true")
-    parser.add_argument("--same-flush", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--same-flush", action="store_true")
+    parser.add_argument("--baseline", default="read_sum")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-flush", help=argparse.SUPPRESS)
     parser.add_argument("--paper-child", help=argparse.SUPPRESS)
@@ -708,6 +774,7 @@ def main() -> int:
 
     import cudaforge.profiler as prof
     from cudaforge import _core
+    from cudaforge.errors import CudaforgeError
 
     if args.record_fixture:
         record_fixture(args.record_fixture)
@@ -741,6 +808,16 @@ def main() -> int:
     }
     if args.diagnose:
         report["diagnose"] = diagnose()
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    if ncu and args.baseline and args.ncu_cache_control == "all":
+        common = {"keep_enabled": True, "flush_l2": True, "l2_flush_method": methods[0]}
+        try:
+            report["baseline"] = measure_baseline(args.baseline, common, args.repeats, ncu,
+                                                  ncu_metrics, "all", args.ncu_repeats)  # fmt: skip
+        except (CudaforgeError, RuntimeError, KeyError) as exc:  # the comparison goes on without it
+            traceback.print_exc()
+            report["baseline"] = {"name": args.baseline, "error": f"{type(exc).__name__}: {exc}"}
+        print(f"baseline: {report['baseline']}", flush=True)
     for name in args.kernels.split(","):
         forward, kernel, min_bytes, flops = setup(name)
         # as in a warm worker: the Range Profiler stays enabled between profiles
@@ -803,6 +880,10 @@ def main() -> int:
             entry["same_flush"] = same
             for error in same["errors"]:
                 print(f"{name}: ncu with cudaforge's flush gave no values: {error}", flush=True)
+        base = report.get("baseline", {})
+        traffic = sum(ours_value(result, m) or 0.0 for m in DRAM_BYTES)
+        if "ours" in base and traffic > 2 * l2_bytes:
+            entry["net"] = {"rows": net_rows(name, entry["fidelity"], base)}
         entry["fidelity_by_flush"] = {
             method: compare(name, other, entry["ncu_values"] if ncu else {}, plan)
             for method, other in others.items()
@@ -830,8 +911,10 @@ def main() -> int:
     for method in report["l2_flush_methods"][1:]:
         rows = [r for k in report["kernels"] for r in k["fidelity_by_flush"][method]]
         report["summary"][f"with the {method} flush"] = summarize(rows)
+    if "ours" in report.get("baseline", {}):
+        report["summary"]["net of the baseline"] = with_rows(report["kernels"], "net")
     if any("same_flush" in k for k in report["kernels"]):
-        report["summary"]["same flush"] = with_same_flush(report["kernels"])
+        report["summary"]["same flush"] = with_rows(report["kernels"], "same_flush")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_vs_ncu.json").write_text(json.dumps(report, indent=1, default=str) + "\n")

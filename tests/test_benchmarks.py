@@ -84,7 +84,7 @@ def test_the_same_flush_comparison_replaces_only_the_dram_byte_rows():
     rows = pvn.same_flush_rows("relu", fidelity, {"dram__bytes_write.sum": 45.0})
     assert [(r["metric"], r["ncu"], r["ok"]) for r in rows] == [
         ("dram__bytes_write.sum", 45.0, True), ("dram__bytes_read.sum", None, None)]  # fmt: skip
-    summary = pvn.with_same_flush([{"fidelity": fidelity, "same_flush": {"rows": rows}}])
+    summary = pvn.with_rows([{"fidelity": fidelity, "same_flush": {"rows": rows}}], "same_flush")
     # the write count now agrees; the read count lost its ncu value; the hit rate is untouched
     assert summary == {"compared": 2, "within": 1, "failing": ["relu: lts__t_sector_hit_rate.pct"]}
     assert pvn.summarize(fidelity)["within"] == 1
@@ -98,7 +98,7 @@ def test_the_report_tables_the_same_flush_values():
               "latency": {"ours_s": 0.2, "range_profiler_s": 0.19},
               "same_flush": {"rows": [again], "ranges": {row["metric"]: [45.0, 45.2]}}}  # fmt: skip
     summary = {**pvn.summarize([row]), "median_speedup": None,
-               "same flush": pvn.with_same_flush([kernel])}  # fmt: skip
+               "same flush": pvn.with_rows([kernel], "same_flush")}  # fmt: skip
     report = {"device": "H200", "ncu_version": "2025.3", "ncu_cache_control": "all",
               "l2_flush": "d", "l2_flush_methods": ["discard"], "kernels": [kernel],
               "summary": summary}  # fmt: skip
@@ -106,6 +106,28 @@ def test_the_report_tables_the_same_flush_values():
     assert "| relu | dram__bytes_write.sum | 44.9 | 47.3 | 45.1 | yes | 45-45.2 |" in text
     assert "counts: 1 of 1 compared values within tolerance; outside: none." in text
     assert "Summary: 0 of 1 compared values within tolerance" in text
+
+
+def test_net_write_counts_subtract_each_tools_baseline():
+    fidelity = [{"kernel": "relu", "metric": "dram__bytes_write.sum", "ours": 44.86e6,
+                 "ncu": 47.27e6, "ok": False}]  # fmt: skip
+    baseline = {"name": "read_sum", "ours": 0.24e6, "ncu": 2.40e6, "ours_range": [0.15e6, 0.34e6],
+                "ncu_range": [2.39e6, 2.40e6]}  # fmt: skip
+    rows = pvn.net_rows("relu", fidelity, baseline)
+    assert [(r["ours"], r["ncu"], r["ok"]) for r in rows] == [
+        (pytest.approx(44.62e6), pytest.approx(44.87e6), True)]  # fmt: skip
+    assert pvn.net_rows("relu", fidelity, {**baseline, "ncu": 0.0})[0]["ok"] is False
+    kernel = {"name": "relu", "fidelity": fidelity, "net": {"rows": rows},
+              "latency": {"ours_s": 0.2, "range_profiler_s": 0.19}}  # fmt: skip
+    summary = {**pvn.summarize(fidelity), "median_speedup": None,
+               "net of the baseline": pvn.with_rows([kernel], "net")}  # fmt: skip
+    report = {"device": "H200", "ncu_version": "2025.3", "ncu_cache_control": "all",
+              "l2_flush": "d", "l2_flush_methods": ["discard"], "kernels": [kernel],
+              "summary": summary, "baseline": baseline}  # fmt: skip
+    text = pvn.markdown(report)
+    assert "cudaforge 240000 (150000-340000), ncu 2.4e+06 (2.39e+06-2.4e+06)" in text
+    assert "| relu | 4.462e+07 | 4.487e+07 | yes |" in text
+    assert "net write counts: 1 of 1 compared values within tolerance; outside: none." in text
 
 
 @pytest.mark.parametrize("script", ["profile_vs_ncu.py", "dram_writes.py"])
