@@ -21,6 +21,8 @@ Writes profile_vs_ncu.json and profile_vs_ncu.md under --out. Options:
                                         in the profiled process, so both start from the same L2
     --baseline read_sum                 the probe whose DRAM writes each tool's net write counts
                                         subtract ('' for none; see net_rows)
+    --from-json PATH [--l2-bytes N]     no GPU: the summaries and report of a saved
+                                        profile_vs_ncu.json made again with this analysis
     --paper-ncu                         also time the paper's way for vector_add: ncu over a fresh
                                         Python that builds the candidate with load_inline (a new
                                         candidate, so a cold build), against cudaforge compiling
@@ -469,6 +471,19 @@ def net_rows(name: str, fidelity: list[dict], baseline: dict) -> list[dict]:
              "ok": close(WRITE, ours, theirs)}]  # fmt: skip
 
 
+def add_net_view(report: dict) -> None:
+    """Net write rows for each kernel whose inputs and outputs span more than twice the L2 (it
+    evicts every line left dirty before it began, as the probe does), and their summary."""
+    base = report.get("baseline", {})
+    if "ours" not in base:
+        return
+    for k in report["kernels"]:
+        k.pop("net", None)
+        if k["profile"].get("min_bytes", 0) > 2 * report["l2_bytes"]:
+            k["net"] = {"rows": net_rows(k["name"], k["fidelity"], base)}
+    report["summary"]["net of the baseline"] = with_rows(report["kernels"], "net")
+
+
 def measure_baseline(name: str, common: dict, repeats: int, ncu: str, ncu_metrics: list[str],
                      cache_control: str, ncu_repeats: int) -> dict:
     """The probe's DRAM write count under both tools, profiled as the kernels are."""
@@ -602,6 +617,7 @@ def markdown(report: dict) -> str:
             f"before each pass: {report.get('l2_flush') or '-'}); clocks not locked on either side."
         ),
         "",
+        *([f"Analysis made again {report['reanalyzed']}.", ""] if "reanalyzed" in report else []),
         "## Latency (full 24-metric profile of one kernel)",
         "",
         (
@@ -704,7 +720,7 @@ def markdown(report: dict) -> str:
                     f"Baseline probe {base['name']} (streams 256 MB, writes 33 KB): cudaforge "
                     f"{base['ours']:.6g} ({span(base['ours_range'])}), ncu {base['ncu']:.6g} "
                     f"({span(base['ncu_range'])}) bytes written. Subtracted from the "
-                    f"{WRITE} of each kernel whose DRAM traffic exceeds twice the L2 "
+                    f"{WRITE} of each kernel whose inputs and outputs span more than twice the L2 "
                     "(it evicts every line left dirty before it began, as the probe does)."
                 ),
                 "",
@@ -745,6 +761,24 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def reanalyze(path: str, out: str, l2_bytes: int | None) -> int:
+    """The summaries and report of a saved profile_vs_ncu.json made again, with this script's
+    analysis (no GPU needed); written under `out`."""
+    report = json.loads(Path(path).read_text())
+    report.setdefault("l2_bytes", l2_bytes)
+    if report["l2_bytes"] is None:
+        print(f"{path} does not give the L2 size: pass --l2-bytes", file=sys.stderr)
+        return 2
+    report["summary"].update(summarize([r for k in report["kernels"] for r in k["fidelity"]]))
+    add_net_view(report)
+    report["reanalyzed"] = f"from {path}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "profile_vs_ncu.json").write_text(json.dumps(report, indent=1) + "\n")
+    (Path(out) / "profile_vs_ncu.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/out")
@@ -759,6 +793,8 @@ def main() -> int:
     parser.add_argument("--diagnose", action="store_true")
     parser.add_argument("--same-flush", action="store_true")
     parser.add_argument("--baseline", default="read_sum")
+    parser.add_argument("--from-json")
+    parser.add_argument("--l2-bytes", type=int)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-flush", help=argparse.SUPPRESS)
     parser.add_argument("--paper-child", help=argparse.SUPPRESS)
@@ -769,6 +805,8 @@ def main() -> int:
     if args.paper_child:
         paper_child(args.paper_child)
         return 0
+    if args.from_json:
+        return reanalyze(args.from_json, args.out, args.l2_bytes)
 
     import torch
 
@@ -808,7 +846,7 @@ def main() -> int:
     }
     if args.diagnose:
         report["diagnose"] = diagnose()
-    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    report["l2_bytes"] = torch.cuda.get_device_properties(0).L2_cache_size
     if ncu and args.baseline and args.ncu_cache_control == "all":
         common = {"keep_enabled": True, "flush_l2": True, "l2_flush_method": methods[0]}
         try:
@@ -880,10 +918,6 @@ def main() -> int:
             entry["same_flush"] = same
             for error in same["errors"]:
                 print(f"{name}: ncu with cudaforge's flush gave no values: {error}", flush=True)
-        base = report.get("baseline", {})
-        traffic = sum(ours_value(result, m) or 0.0 for m in DRAM_BYTES)
-        if "ours" in base and traffic > 2 * l2_bytes:
-            entry["net"] = {"rows": net_rows(name, entry["fidelity"], base)}
         entry["fidelity_by_flush"] = {
             method: compare(name, other, entry["ncu_values"] if ncu else {}, plan)
             for method, other in others.items()
@@ -911,8 +945,7 @@ def main() -> int:
     for method in report["l2_flush_methods"][1:]:
         rows = [r for k in report["kernels"] for r in k["fidelity_by_flush"][method]]
         report["summary"][f"with the {method} flush"] = summarize(rows)
-    if "ours" in report.get("baseline", {}):
-        report["summary"]["net of the baseline"] = with_rows(report["kernels"], "net")
+    add_net_view(report)
     if any("same_flush" in k for k in report["kernels"]):
         report["summary"]["same flush"] = with_rows(report["kernels"], "same_flush")
     out = Path(args.out)

@@ -3,6 +3,7 @@ benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,36 @@ def test_net_write_counts_subtract_each_tools_baseline():
     assert "cudaforge 240000 (150000-340000), ncu 2.4e+06 (2.39e+06-2.4e+06)" in text
     assert "| relu | 4.462e+07 | 4.487e+07 | yes |" in text
     assert "net write counts: 1 of 1 compared values within tolerance; outside: none." in text
+
+
+def test_a_saved_report_is_reanalyzed_with_net_counts_for_large_kernels_only(tmp_path):
+    def kernel(name, min_bytes, ours, theirs):
+        row = {"kernel": name, "metric": "dram__bytes_write.sum", "ours": ours, "ncu": theirs,
+               "ok": pvn.close("dram__bytes_write.sum", ours, theirs)}  # fmt: skip
+        return {"name": name, "profile": {"min_bytes": min_bytes}, "fidelity": [row],
+                "latency": {"ours_s": 0.2, "range_profiler_s": 0.19}}  # fmt: skip
+
+    report = {"device": "H200", "ncu_version": "2025.3", "ncu_cache_control": "all",
+              "l2_flush": "d", "l2_flush_methods": ["discard"],
+              "kernels": [kernel("relu", 134e6, 44.89e6, 47.35e6),
+                          kernel("matmul", 12e6, 0.0, 0.0)],
+              "baseline": {"name": "read_sum", "ours": 0.34e6, "ncu": 2.40e6,
+                           "ours_range": [0.2e6, 0.4e6], "ncu_range": [2.39e6, 2.4e6]},
+              "summary": {"median_speedup": 37.4}}  # fmt: skip
+    saved = tmp_path / "in.json"
+    saved.write_text(json.dumps(report))
+    args = [sys.executable, str(BENCH / "profile_vs_ncu.py"), "--from-json", str(saved),
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    run = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 2 and "--l2-bytes" in run.stderr
+    run = subprocess.run([*args, "--l2-bytes", str(60 << 20)], capture_output=True, text=True,
+                         timeout=120, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-1500:]
+    again = json.loads((tmp_path / "out" / "profile_vs_ncu.json").read_text())
+    assert again["summary"]["within"] == 1  # raw: relu is 5.2% under ncu
+    assert [("net" in k) for k in again["kernels"]] == [True, False]  # matmul spans 12 MB
+    assert again["summary"]["net of the baseline"]["within"] == 2
+    assert "| relu | 4.455e+07 | 4.495e+07 | yes |" in run.stdout
 
 
 @pytest.mark.parametrize("script", ["profile_vs_ncu.py", "dram_writes.py"])
