@@ -29,9 +29,7 @@ from pathlib import Path
 
 import profile_vs_ncu as pvn
 from ncu_tools import find_ncu
-
-WRITE = "dram__bytes_write.sum"
-READ = "dram__bytes_read.sum"
+from profile_vs_ncu import READ, WRITE
 
 
 def ncu_variants(ncu: str, name: str, metrics: list[str]) -> dict[str, float | None]:

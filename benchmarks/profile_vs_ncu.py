@@ -404,7 +404,8 @@ def child(name: str, flush: str | None = None) -> None:
     torch.cuda.synchronize()
 
 
-DRAM_BYTES = ["dram__bytes_read.sum", "dram__bytes_write.sum"]
+READ, WRITE = "dram__bytes_read.sum", "dram__bytes_write.sum"
+DRAM_BYTES = [READ, WRITE]
 
 
 def run_ncu_same_flush(ncu: str, name: str, method: str, repeats: int) -> dict:
@@ -426,16 +427,14 @@ def run_ncu_same_flush(ncu: str, name: str, method: str, repeats: int) -> dict:
 
 def same_flush_rows(name: str, fidelity: list[dict], ncu_values: dict[str, float]) -> list[dict]:
     """The DRAM byte rows of `fidelity` compared again, with ncu's values from the same flush."""
-    rows = []
-    for row in fidelity:
-        if row["metric"] not in DRAM_BYTES:
-            continue
-        theirs = ncu_values.get(row["metric"])
-        new = {"kernel": name, "metric": row["metric"], "ours": row["ours"], "ncu": theirs}
-        new["ok"] = None if row["ours"] is None or theirs is None else close(
-            row["metric"], row["ours"], theirs)  # fmt: skip
-        rows.append(new)
-    return rows
+    return [again(name, r["metric"], r["ours"], ncu_values.get(r["metric"]))
+            for r in fidelity if r["metric"] in DRAM_BYTES]  # fmt: skip
+
+
+def again(name: str, metric: str, ours: float | None, theirs: float | None) -> dict:
+    """A comparison row of other values than compare()'s (ok None where either is missing)."""
+    ok = None if ours is None or theirs is None else close(metric, ours, theirs)
+    return {"kernel": name, "metric": metric, "ours": ours, "ncu": theirs, "ok": ok}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -454,8 +453,6 @@ def with_rows(kernels: list[dict], key: str) -> dict:
     return summarize(rows)
 
 
-WRITE = "dram__bytes_write.sum"
-
 
 def net_rows(name: str, fidelity: list[dict], baseline: dict) -> list[dict]:
     """`name`'s DRAM write count with each tool's count for the baseline probe subtracted.
@@ -466,9 +463,7 @@ def net_rows(name: str, fidelity: list[dict], baseline: dict) -> list[dict]:
     row = next((r for r in fidelity if r["metric"] == WRITE), None)
     if row is None or row["ours"] is None or row["ncu"] is None:
         return []
-    ours, theirs = row["ours"] - baseline["ours"], row["ncu"] - baseline["ncu"]
-    return [{"kernel": name, "metric": WRITE, "ours": ours, "ncu": theirs,
-             "ok": close(WRITE, ours, theirs)}]  # fmt: skip
+    return [again(name, WRITE, row["ours"] - baseline["ours"], row["ncu"] - baseline["ncu"])]
 
 
 def add_net_view(report: dict) -> None:
