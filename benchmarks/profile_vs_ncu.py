@@ -759,7 +759,11 @@ def markdown(report: dict) -> str:
 def reanalyze(path: str, out: str, l2_bytes: int | None) -> int:
     """The summaries and report of a saved profile_vs_ncu.json made again, with this script's
     analysis (no GPU needed); written under `out`."""
-    report = json.loads(Path(path).read_text())
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"cannot read {path} as a profile_vs_ncu.json: {exc}", file=sys.stderr)
+        return 2
     report.setdefault("l2_bytes", l2_bytes)
     if report["l2_bytes"] is None:
         print(f"{path} does not give the L2 size: pass --l2-bytes", file=sys.stderr)

@@ -161,6 +161,18 @@ def test_a_saved_report_is_reanalyzed_with_net_counts_for_large_kernels_only(tmp
     assert "| relu | 4.455e+07 | 4.495e+07 | yes |" in run.stdout
 
 
+@pytest.mark.parametrize("content", [None, "{not json"])
+def test_reanalysis_of_a_missing_or_broken_file_says_so(tmp_path, content):
+    saved = tmp_path / "in.json"
+    if content is not None:
+        saved.write_text(content)
+    run = subprocess.run([sys.executable, str(BENCH / "profile_vs_ncu.py"), "--from-json",
+                          str(saved), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert run.returncode == 2 and f"cannot read {saved}" in run.stderr, run.stderr[-1500:]
+    assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("script", ["profile_vs_ncu.py", "dram_writes.py"])
 def test_the_scripts_parse_their_options(script):
     out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True,
