@@ -51,7 +51,7 @@ def ncu_variants(ncu: str, name: str, metrics: list[str]) -> dict[str, float | N
 
 
 def ours_variants(name: str, collect: list[str], repeats: int) -> dict[str, float]:
-    import cudaforge.profiler as prof
+    import cudaforge.profiling.profiler as prof
     from cudaforge import _core
 
     forward, *_ = pvn.setup(name)
@@ -81,7 +81,7 @@ def ours_variants(name: str, collect: list[str], repeats: int) -> dict[str, floa
 
 
 def fresh_variants(name: str, repeats: int) -> dict[str, float]:
-    import cudaforge.profiler as prof
+    import cudaforge.profiling.profiler as prof
     from cudaforge import _core
 
     flush = prof.l2_flush(0, "discard")
@@ -117,8 +117,9 @@ def child(name: str) -> None:
     kernel's first launch profiled, as ncu profiles it."""
     import torch
 
-    import cudaforge.profiler as prof
-    from cudaforge import _core, _libs
+    import cudaforge.profiling.profiler as prof
+    from cudaforge import _core
+    from cudaforge.cuda import libs as _libs
 
     _libs.ensure("cupti")
     flush = prof.l2_flush(0, "discard")
@@ -145,7 +146,7 @@ def main() -> int:
 
     import torch
 
-    import cudaforge.profiler as prof
+    import cudaforge.profiling.profiler as prof
 
     ncu = find_ncu()
     plan = prof.check_metrics(prof.METRICS, "GH100")

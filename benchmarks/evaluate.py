@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from ncu_tools import find_ncu
 
-from cudaforge.problem import Problem
+from cudaforge.harness.problem import Problem
 
 
 @dataclass
@@ -267,7 +267,7 @@ def _save_partial(args, rows: list[dict]) -> None:
 
 
 def run(args) -> dict:
-    from cudaforge.worker import WorkerPool
+    from cudaforge.harness.pool import WorkerPool
 
     scratch = Path(tempfile.mkdtemp(prefix="cudaforge-bench-"))
     cases = [c for c in CASES if not args.problems or c.name in args.problems]

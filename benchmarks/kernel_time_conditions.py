@@ -93,8 +93,9 @@ class Clocks:
 def measure(case: Case, seconds: float) -> list[dict]:
     import torch
 
-    from cudaforge import _core, _libs
-    from cudaforge.profiler import l2_flush
+    from cudaforge import _core
+    from cudaforge.cuda import libs as _libs
+    from cudaforge.profiling.profiler import l2_flush
 
     _libs.ensure("cupti")
     problem = case.problem()

@@ -314,7 +314,7 @@ def ours_new_candidate(repeats: int) -> list[float]:
     import torch
 
     import cudaforge
-    import cudaforge.profiler as prof
+    import cudaforge.profiling.profiler as prof
 
     n = 1 << 24
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
@@ -338,7 +338,7 @@ def diagnose() -> list[dict]:
     import torch
 
     import cudaforge
-    import cudaforge.profiler as prof
+    import cudaforge.profiling.profiler as prof
     from cudaforge import _core
 
     kernel = cudaforge.compile(SOURCES["vector_add"]).kernel("vector_add")
@@ -396,7 +396,7 @@ def child(name: str, flush: str | None = None) -> None:
     import torch
 
     if flush:
-        import cudaforge.profiler as prof
+        import cudaforge.profiling.profiler as prof
 
         prof.l2_flush(0, flush)()
         torch.cuda.synchronize()
@@ -482,7 +482,7 @@ def add_net_view(report: dict) -> None:
 def measure_baseline(name: str, common: dict, repeats: int, ncu: str, ncu_metrics: list[str],
                      cache_control: str, ncu_repeats: int) -> dict:
     """The probe's DRAM write count under both tools, profiled as the kernels are."""
-    import cudaforge.profiler as prof
+    import cudaforge.profiling.profiler as prof
     from cudaforge import _core
 
     forward, kernel, min_bytes, _ = setup(name)
@@ -567,7 +567,7 @@ def record_fixture(path: str) -> None:
     import torch
 
     import cudaforge
-    import cudaforge.profiler as prof
+    import cudaforge.profiling.profiler as prof
 
     mod = cudaforge.compile(SOURCES["vector_add"] + SOURCES["matmul_naive"])
     n, m = 1 << 25, 1024
@@ -809,7 +809,7 @@ def main() -> int:
 
     import torch
 
-    import cudaforge.profiler as prof
+    import cudaforge.profiling.profiler as prof
     from cudaforge import _core
     from cudaforge.errors import CudaforgeError
 

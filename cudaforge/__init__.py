@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from .cuda.kernel import CompiledModule, compile, synchronize
 from .errors import (
     CompileError,
     CudaError,
@@ -22,11 +23,10 @@ from .errors import (
     ProfilerError,
     VerificationError,
 )
-from .evaluate import evaluate
-from .kernel import CompiledModule, compile, synchronize
-from .problem import Problem
-from .profiler import profile
-from .results import EvalResult
+from .harness.evaluate import evaluate
+from .harness.problem import Problem
+from .harness.results import EvalResult
+from .profiling.profiler import profile
 
 __version__ = "0.1.0"
 
@@ -34,12 +34,12 @@ __version__ = "0.1.0"
 # (evaluate, Problem and profile are imported eagerly: each shares its name with its module, and
 # an eager import keeps the package attribute the function rather than the submodule)
 _LAZY = {
-    "WorkerPool": "worker",
-    "RayPool": "cluster",
-    "optimize": "pipeline",
-    "load": "pipeline",
-    "restore": "swap",
-    "doctor": "doctor",
+    "WorkerPool": "harness.pool",
+    "RayPool": "harness.ray_pool",
+    "optimize": "model.optimize",
+    "load": "model.optimize",
+    "restore": "model.swap",
+    "doctor": "cli.doctor",
 }
 
 

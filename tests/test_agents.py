@@ -13,7 +13,7 @@ import pytest
 import torch
 from llm_server import LLMServer
 
-from cudaforge.agents import (
+from cudaforge.agents.loop import (
     NO_CODE_ADVICE,
     Prompts,
     clip,
@@ -26,9 +26,9 @@ from cudaforge.agents import (
     run_loop,
     says_stop,
 )
+from cudaforge.agents.providers import ScriptedProvider
 from cudaforge.errors import LLMError
-from cudaforge.llm import ScriptedProvider
-from cudaforge.results import EvalResult, KernelTime, TrialFailure
+from cudaforge.harness.results import EvalResult, KernelTime, TrialFailure
 
 PROBLEM = '''
 import torch

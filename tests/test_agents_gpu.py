@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 import cudaforge
-from cudaforge.agents import run_loop
-from cudaforge.demo import EXAMPLES_DIR
-from cudaforge.llm import ScriptedProvider
+from cudaforge.agents.loop import run_loop
+from cudaforge.agents.providers import ScriptedProvider
+from cudaforge.cli.demo import EXAMPLES_DIR
 
 pytestmark = pytest.mark.gpu
 

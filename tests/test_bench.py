@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from cudaforge.bench import (
+from cudaforge.agents.providers import ScriptedProvider
+from cudaforge.cli.bench import (
     BenchProblem,
     BenchRecord,
     dev_set_problems,
@@ -22,9 +23,8 @@ from cudaforge.bench import (
     run_bench,
 )
 from cudaforge.errors import NeedsKeyError
-from cudaforge.llm import ScriptedProvider
-from cudaforge.problem import dev_set_path
-from cudaforge.results import EvalResult
+from cudaforge.harness.problem import dev_set_path
+from cudaforge.harness.results import EvalResult
 
 PROBLEM_SOURCE = '''import torch
 import torch.nn as nn

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import cudaforge
-from cudaforge.agents import run_loop
-from cudaforge.llm import ScriptedProvider
+from cudaforge.agents.loop import run_loop
+from cudaforge.agents.providers import ScriptedProvider
 
 GOOD = """
 import torch

@@ -14,8 +14,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install cudaforge[ray])")
 
 import cudaforge
-import cudaforge.cluster
-from cudaforge.cluster import RayPool
+import cudaforge.harness.ray_pool
+from cudaforge.harness.ray_pool import RayPool
 
 FAST = {"trials": 2, "timed_runs": 4, "warmup": 1, "input_sets": 1}
 PROBLEM = cudaforge.Problem.from_dev_set(1, 19).shrink(8 << 20)  # ReLU at a CPU size
@@ -143,7 +143,7 @@ def borrowed(pool, monkeypatch):
         made.append(Borrowed(pool, *args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(cudaforge.cluster, "RayPool", make)
+    monkeypatch.setattr(cudaforge.harness.ray_pool, "RayPool", make)
     return made
 
 
@@ -168,9 +168,9 @@ def test_optimize_with_cluster_ray_evaluates_on_a_ray_pool(borrowed, tmp_path, m
 
 
 def test_bench_ray_option_evaluates_on_a_ray_pool(pool, borrowed, tmp_path, monkeypatch, capsys):
-    from cudaforge.agents import run_loop
-    from cudaforge.cli import CPU_MAX_BYTES, main
-    from cudaforge.llm import ScriptedProvider
+    from cudaforge.agents.loop import run_loop
+    from cudaforge.agents.providers import ScriptedProvider
+    from cudaforge.cli.main import CPU_MAX_BYTES, main
 
     monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
     transcript = tmp_path / "fixture.jsonl"
@@ -194,7 +194,7 @@ def test_bench_ray_option_evaluates_on_a_ray_pool(pool, borrowed, tmp_path, monk
 
 
 def test_without_ray_the_error_says_what_to_install(monkeypatch, capsys):
-    from cudaforge.cli import EXIT_MISSING, main
+    from cudaforge.cli.main import EXIT_MISSING, main
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if it were absent
     with pytest.raises(cudaforge.ExtraNotInstalled, match=r"pip install cudaforge\[ray\]") as e:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import cudaforge
-from cudaforge import kernel
+from cudaforge.cuda import kernel
 
 ADD = r"""
 extern "C" __global__ void add(const float* __restrict__ a, const float* b, float* c, int n) {
@@ -124,7 +124,7 @@ def test_arch_that_nvrtc_cannot_target():
 def test_arch_checks_load_nvrtc_in_a_fresh_process():
     # current_arch() (L2Flush's first call) and normalize_arch() may be a process's first use
     # of NVRTC: they load it, as compile() does
-    code = "import cudaforge.kernel as k; print(k.normalize_arch('sm_90'))"
+    code = "import cudaforge.cuda.kernel as k; print(k.normalize_arch('sm_90'))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import cudaforge
-from cudaforge.evaluate import (
+from cudaforge.harness.evaluate import (
     GUARDS,
     EvalOptions,
     check_outputs,
@@ -19,9 +19,9 @@ from cudaforge.evaluate import (
     kernel_names_in,
     make_options,
 )
-from cudaforge.problem import Problem
-from cudaforge.results import EvalResult, TrialFailure
-from cudaforge.worker import WorkerPool
+from cudaforge.harness.pool import WorkerPool
+from cudaforge.harness.problem import Problem
+from cudaforge.harness.results import EvalResult, TrialFailure
 
 FAST = {"trials": 3, "timed_runs": 6, "warmup": 2, "input_sets": 2}
 
@@ -470,7 +470,7 @@ def test_kernel_names_and_the_own_kernel_rule():
 
 
 def _evaluation(own_names=(), runs=2):
-    from cudaforge.evaluate import _Evaluation
+    from cudaforge.harness.evaluate import _Evaluation
 
     result = EvalResult(problem="p")
     run = _Evaluation(RELU, GOOD_RELU, make_options(timed_runs=50, traced_runs=runs), result, None)
@@ -484,7 +484,7 @@ def _record(name, start_us, end_us, stream=7):
 
 
 def _measurement(records, times=(0.05, 0.05)):
-    from cudaforge.evaluate import _Measurement
+    from cudaforge.harness.evaluate import _Measurement
 
     return _Measurement(list(times), records, [], [0.06, 0.06], [0.05, 0.05])
 
@@ -514,7 +514,7 @@ def test_no_own_kernels_fires_for_library_kernels_or_borrowed_names():
 
 
 def test_unmeasured_work_from_synchronized_runs_and_from_cupti():
-    from cudaforge.evaluate import _Measurement
+    from cudaforge.harness.evaluate import _Measurement
 
     run, r = _evaluation()
     r.candidate_ms = 0.01
@@ -541,7 +541,7 @@ def test_unmeasured_work_from_synchronized_runs_and_from_cupti():
 
 
 def test_the_tracer_drops_the_harness_stream_and_measures_busy_time():
-    from cudaforge.evaluate import _Tracer
+    from cudaforge.harness.evaluate import _Tracer
 
     run, r = _evaluation(runs=2)
     harness = [_record("fill", 0, 5, stream=3)]
@@ -575,7 +575,7 @@ def test_the_tracer_drops_the_harness_stream_and_measures_busy_time():
 def test_poison_fills_only_the_free_blocks():
     from types import SimpleNamespace
 
-    from cudaforge.evaluate import _Poison
+    from cudaforge.harness.evaluate import _Poison
 
     filled = []
 

@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from cudaforge.problem import Problem
-from cudaforge.worker import WorkerPool
+from cudaforge.harness.pool import WorkerPool
+from cudaforge.harness.problem import Problem
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu

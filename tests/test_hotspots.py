@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cudaforge.hotspots import (
+from cudaforge.harness.problem import Problem
+from cudaforge.model.hotspots import (
     HotspotError,
     find_hotspots,
     init_arguments,
     load_problem,
     profile_model,
 )
-from cudaforge.problem import Problem
 
 # ---------------------------------------------------------------- small models (also used by the
 # swap and optimize tests)
@@ -256,7 +256,7 @@ def test_transformer_block(block):
 
 
 def test_attention_problem_runs_in_the_evaluation_harness(block):
-    from cudaforge.evaluate import EvalOptions, run_evaluation
+    from cudaforge.harness.evaluate import EvalOptions, run_evaluation
 
     _, _, search = block
     source = by_label(search, "softmax").problem_source
@@ -392,7 +392,7 @@ def test_multihead_attention_module_with_keyword_arguments():
 
 
 def test_inputs_keep_their_layout():
-    from cudaforge.hotspots import NotExtractable, _input_source
+    from cudaforge.model.hotspots import NotExtractable, _input_source
 
     permuted = torch.randn(2, 5, 3, 4).permute(0, 2, 3, 1)
     made = eval(_input_source(permuted), {"torch": torch})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cudaforge import _libs
+from cudaforge.cuda import libs as _libs
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 SOURCES = sorted(CSRC.glob("*.c"))

@@ -12,8 +12,7 @@ import threading
 import pytest
 from llm_server import LLMServer, Scripted
 
-from cudaforge.errors import LLMError, NeedsKeyError
-from cudaforge.llm import (
+from cudaforge.agents.providers import (
     AnthropicChat,
     OpenAIChat,
     ReplayProvider,
@@ -28,6 +27,7 @@ from cudaforge.llm import (
     redact,
     retry_after,
 )
+from cudaforge.errors import LLMError, NeedsKeyError
 
 OPENAI_KEY = "sk-FIXTURE-openai-0123456789abcdef"
 ANTHROPIC_KEY = "sk-ant-FIXTURE-0123456789abcdef"

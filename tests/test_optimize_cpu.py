@@ -19,12 +19,12 @@ from test_hotspots import NewGELU, build
 from torch import nn
 
 import cudaforge
-from cudaforge.hotspots import HotspotError
-from cudaforge.llm import ScriptedProvider
-from cudaforge.pipeline import _budget
-from cudaforge.store import KernelStore
-from cudaforge.swap import swaps
-from cudaforge.worker import WorkerPool
+from cudaforge.agents.providers import ScriptedProvider
+from cudaforge.harness.pool import WorkerPool
+from cudaforge.model.hotspots import HotspotError
+from cudaforge.model.optimize import _budget
+from cudaforge.model.store import KernelStore
+from cudaforge.model.swap import swaps
 
 # CPU tanh is vectorized with a saturating approximation in some lanes and not in others, so
 # even the reference's own arithmetic differs from itself by ~1.5e-4 where 1 + tanh(z) cancels:
@@ -169,8 +169,8 @@ def test_load_reapplies_from_the_store_without_any_llm(net, pool, tmp_path, monk
     def no_llm(*args, **kwargs):
         raise AssertionError("load() must not make an LLM")
 
-    monkeypatch.setattr("cudaforge.llm.get_provider", no_llm)
-    monkeypatch.setattr("cudaforge.agents.get_provider", no_llm)
+    monkeypatch.setattr("cudaforge.agents.providers.get_provider", no_llm)
+    monkeypatch.setattr("cudaforge.agents.loop.get_provider", no_llm)
     fresh, _ = build(Net, 1)
     loaded = cudaforge.load(
         fresh, (x,), store=store, pool=pool, progress=False, min_share=0.0, min_speedup=0.0,

@@ -14,9 +14,9 @@ import torch
 from test_hotspots import Block
 
 import cudaforge
-from cudaforge.llm import ScriptedProvider
-from cudaforge.store import KernelStore
-from cudaforge.swap import stats, swaps
+from cudaforge.agents.providers import ScriptedProvider
+from cudaforge.model.store import KernelStore
+from cudaforge.model.swap import stats, swaps
 
 BATCH, CONTEXT, DIM, HEADS = 8, 128, 256, 8
 
@@ -291,8 +291,8 @@ def test_transformer_block_optimized_end_to_end(tmp_path, monkeypatch):
         def no_llm(*args, **kwargs):
             raise AssertionError("load() must not make an LLM")
 
-        monkeypatch.setattr("cudaforge.llm.get_provider", no_llm)
-        monkeypatch.setattr("cudaforge.agents.get_provider", no_llm)
+        monkeypatch.setattr("cudaforge.agents.providers.get_provider", no_llm)
+        monkeypatch.setattr("cudaforge.agents.loop.get_provider", no_llm)
         loaded = cudaforge.load(
             model, (x,), pool=pool, store=store, min_share=0.0, training=True
         )  # fmt: skip

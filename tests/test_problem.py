@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from cudaforge.problem import Problem, dev_set_path
+from cudaforge.harness.problem import Problem, dev_set_path
 
 RELU = """
 import torch

@@ -16,9 +16,10 @@ import warnings
 import pytest
 
 import cudaforge
-import cudaforge.profiler as prof
-from cudaforge import _core, _libs
-from cudaforge.feedback import format_profile
+import cudaforge.profiling.profiler as prof
+from cudaforge import _core
+from cudaforge.cuda import libs as _libs
+from cudaforge.profiling.feedback import format_profile
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -298,8 +299,9 @@ def test_ceilings_are_measured_once_and_cached(tmp_path, monkeypatch):
 COEXIST = textwrap.dedent(
     r"""
     import json, torch, cudaforge
-    from cudaforge import _core, _libs
-    import cudaforge.profiler as prof
+    from cudaforge import _core
+    from cudaforge.cuda import libs as _libs
+    import cudaforge.profiling.profiler as prof
     src = '''extern "C" __global__ void add(const float* a, const float* b, float* c, int n) {
         int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) c[i] = a[i] + b[i]; }'''
     mod = cudaforge.compile(src)
@@ -509,7 +511,7 @@ def test_the_l2_flush_leaves_few_dirty_lines(mod, method):
 
 def test_the_default_flush_is_discard_in_a_fresh_process():
     # the flush may be a worker's first NVRTC compile (a candidate built with load_inline)
-    code = "import cudaforge.profiler as p; f = p.l2_flush(0); print(f.method, f.fallback)"
+    code = "import cudaforge.profiling.profiler as p; f = p.l2_flush(0); print(f.method, f.fallback)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )

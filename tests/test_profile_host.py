@@ -10,8 +10,9 @@ from typing import ClassVar
 
 import pytest
 
-import cudaforge.profiler as prof
-from cudaforge import _core, _libs
+import cudaforge.profiling.profiler as prof
+from cudaforge import _core
+from cudaforge.cuda import libs as _libs
 
 # The paper's list as DESIGN.md writes it (ncu --metrics syntax, with one {a,b,...} group).
 PAPER_SPEC = (
@@ -400,7 +401,7 @@ CEILINGS = {"dram_bytes_per_s": 4e12, "fp32_flops_per_s": 5e13, "bf16_tensor_flo
 
 
 def test_workers_keep_the_range_profiler_enabled(fake_gpu, monkeypatch):
-    monkeypatch.setattr(prof, "KEEP_ENABLED", True)  # what cudaforge.worker sets
+    monkeypatch.setattr(prof, "KEEP_ENABLED", True)  # what cudaforge.harness.pool sets
     first = prof.profile_forward(lambda: None, ceilings=False)
     # the first profile after enabling is done twice (CUPTI's own DRAM writes), later ones once
     assert _FakeProfiler.kept == [True, True]

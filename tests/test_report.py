@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from cudaforge.bench import BenchProblem, run_bench
-from cudaforge.report import report, summarize
+from cudaforge.cli.bench import BenchProblem, run_bench
+from cudaforge.reporting.report import report, summarize
 
 SVG = "{http://www.w3.org/2000/svg}"
 

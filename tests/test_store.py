@@ -8,8 +8,8 @@ import sqlite3
 
 import pytest
 
-from cudaforge.results import EvalResult
-from cudaforge.store import KernelStore, problem_hash, shapes_key
+from cudaforge.harness.results import EvalResult
+from cudaforge.model.store import KernelStore, problem_hash, shapes_key
 
 PROBLEM = """import torch
 import torch.nn as nn

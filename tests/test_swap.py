@@ -13,8 +13,8 @@ from test_hotspots import MLP, Block, build
 from torch import nn
 
 from cudaforge.errors import VerificationError
-from cudaforge.hotspots import find_hotspots
-from cudaforge.swap import (
+from cudaforge.model.hotspots import find_hotspots
+from cudaforge.model.swap import (
     DriftWarning,
     FallbackWarning,
     SwapError,

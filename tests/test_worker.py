@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from cudaforge.problem import Problem
-from cudaforge.worker import WorkerPool
+from cudaforge.harness.pool import WorkerPool
+from cudaforge.harness.problem import Problem
 
 FAST = {"trials": 2, "timed_runs": 4, "warmup": 1, "input_sets": 2}
 
@@ -180,7 +180,7 @@ def test_pending_evaluations_are_cancelled_by_close():
 
 def test_evaluate_without_a_pool_uses_the_default_one():
     import cudaforge
-    from cudaforge.worker import default_pool
+    from cudaforge.harness.pool import default_pool
 
     try:
         r = cudaforge.evaluate(RELU, GOOD, device="cpu", **FAST)

@@ -46,7 +46,7 @@ def load_problem(spec: str, sizes: str | None = None, shrink: bool | None = None
     """A problem from a .py path or a dev-set id ('L1/19', 'level1/19', '1/19').
 
     Shrunk to fit the CPU path when no GPU is visible (or when `shrink` is True)."""
-    from .problem import Problem
+    from ..harness.problem import Problem
 
     overrides = parse_sizes(sizes)
     path = Path(spec)
@@ -118,7 +118,7 @@ def cmd_doctor(args) -> int:
 
 
 def _evaluate(args, profile: bool):
-    from .evaluate import evaluate
+    from ..harness.evaluate import evaluate
 
     problem = load_problem(args.problem, args.sizes, args.shrink)
     source = read_source(args.candidate)
@@ -134,8 +134,8 @@ def cmd_eval(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from .feedback import format_profile
-    from .profiler import ForwardProfile
+    from ..profiling.feedback import format_profile
+    from ..profiling.profiler import ForwardProfile
 
     result = _evaluate(args, profile=True)
     if args.json:
@@ -150,8 +150,8 @@ def cmd_profile(args) -> int:
 
 def _source_evaluator(args, *, name: str | None = None, profile: bool = False, pool=None):
     """The agents' evaluate(problem_source, candidate_source) with the command's run options."""
-    from .evaluate import evaluate
-    from .problem import Problem
+    from ..harness.evaluate import evaluate
+    from ..harness.problem import Problem
 
     def run(problem_source: str, candidate_source: str):
         problem = Problem.from_source(problem_source, name=name)
@@ -163,7 +163,7 @@ def _source_evaluator(args, *, name: str | None = None, profile: bool = False, p
 
 
 def cmd_forge(args) -> int:
-    from .agents import run_loop
+    from ..agents.loop import run_loop
 
     problem = load_problem(args.problem, args.sizes, args.shrink)
     out_dir = Path(args.out)
@@ -201,7 +201,7 @@ def cmd_bench(args) -> int:
         raise ValueError("bench needs a problem folder or --dev-set")
     pool = None
     if args.ray:
-        from .cluster import RayPool
+        from ..harness.ray_pool import RayPool
 
         pool = RayPool(args.ray)
     gpu = has_gpu() if pool is None else any(d.startswith("cuda") for d in pool.devices)
@@ -232,7 +232,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import report
+    from ..reporting.report import report
 
     summary = report(*args.results)
     if args.json:
@@ -248,7 +248,7 @@ def cmd_report(args) -> int:
 def cmd_optimize(args) -> int:
     import runpy
 
-    from .pipeline import optimize
+    from ..model.optimize import optimize
 
     script = runpy.run_path(args.script)
     for needed in ("get_model", "get_inputs"):
@@ -370,7 +370,7 @@ def main(argv=None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        from .errors import ExtraNotInstalled, LibraryNotFound, NeedsKeyError, NoGPUError
+        from ..errors import ExtraNotInstalled, LibraryNotFound, NeedsKeyError, NoGPUError
 
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"cudaforge: error: {type(exc).__name__}: {first}", file=sys.stderr)

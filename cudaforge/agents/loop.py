@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .errors import LLMError
-from .llm import Messages, Provider, Reply, Usage, get_provider, redact
-from .results import EvalResult
+from ..errors import LLMError
+from ..harness.results import EvalResult
+from .providers import Messages, Provider, Reply, Usage, get_provider, redact
 
 Evaluate = Callable[[str, str], EvalResult]  # (problem_source, candidate_source) -> EvalResult
 Feedback = Callable[[EvalResult], str]
@@ -76,7 +76,7 @@ def _shipped_prompt(name: str) -> str:
     try:
         return (importlib.resources.files("cudaforge.prompts") / f"{name}.txt").read_text("utf-8")
     except ModuleNotFoundError:  # running from a source tree that is not installed
-        return (Path(__file__).resolve().parent.parent / "prompts" / f"{name}.txt").read_text(
+        return (Path(__file__).resolve().parents[2] / "prompts" / f"{name}.txt").read_text(
             "utf-8"
         )
 
@@ -331,7 +331,7 @@ class Judge(Agent):
 
 def default_transcript_path(name: str) -> Path:
     """cache_dir()/transcripts/<UTC time>-<name>.jsonl ($CUDAFORGE_CACHE_DIR moves the cache)."""
-    from .kernel import cache_dir
+    from ..cuda.kernel import cache_dir
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     safe = re.sub(r"[^\w.-]+", "_", name)[:60]
@@ -419,7 +419,7 @@ class Attempt:
 
 
 def _redacted(data: Any) -> Any:
-    """`data` (JSON-able) with every API key replaced (see cudaforge.llm.redact)."""
+    """`data` (JSON-able) with every API key replaced (see cudaforge.agents.providers.redact)."""
     return json.loads(redact(json.dumps(data, default=str)))
 
 
@@ -682,7 +682,7 @@ def run_loop(
 
     problem_source: KernelBench-format source (Model, get_inputs, get_init_inputs).
     evaluate(problem_source, candidate_source) -> EvalResult: checks and times a candidate.
-    coder, judge: model strings (cudaforge.llm) or providers; judge defaults to the coder's model.
+    coder, judge: model strings (cudaforge.agents.providers) or providers; judge defaults to the coder's model.
     `replay:PATH` for both replays a transcript. rounds: Coder rounds at most (each makes one
     candidate per lane). max_dollars (USD, priced calls only), max_seconds (wall time): stop
     before the next call once spent. candidates: lanes per round, run in parallel threads.

@@ -2,7 +2,7 @@
 
 A WorkerPool starts one worker per visible GPU (each sees only its GPU through
 CUDA_VISIBLE_DEVICES), or N CPU workers on a machine without one. Workers are fresh interpreters
-(`python -m cudaforge.worker`, not a fork of the caller, so the caller's __main__ is not re-run),
+(`python -m cudaforge.harness.pool`, not a fork of the caller, so the caller's __main__ is not re-run),
 kept warm between evaluations, and talk to the pool over two pipes of their own; a candidate's
 prints go to the worker's log file, not into the protocol.
 
@@ -123,7 +123,7 @@ class _Worker:
         try:
             with open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "cudaforge.worker", str(req_r), str(res_w),
+                    [sys.executable, "-m", "cudaforge.harness.pool", str(req_r), str(res_w),
                      str(self.index), str(os.getpid())],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -302,7 +302,7 @@ class WorkerPool(QueuedPool):
     - submit(problem, candidate_source, **options) -> Future[EvalResult]
     - map(problem, candidates, **options) -> [EvalResult], evaluated in parallel
     - evaluate(problem, candidate_source, **options) -> EvalResult
-    Options are evaluate()'s (cudaforge.evaluate.EvalOptions); `timeout` and `compile_timeout`
+    Options are evaluate()'s (cudaforge.harness.evaluate.EvalOptions); `timeout` and `compile_timeout`
     default to the pool's."""
 
     def __init__(
@@ -525,7 +525,7 @@ def _plan_workers(workers: int | None, device: str | None) -> list[tuple[dict[st
     """(environment, device label) of each worker."""
     base = {
         "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).resolve().parent.parent)]
+            [str(Path(__file__).resolve().parents[2])]
             + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         ),
         "PYTHONFAULTHANDLER": "1",
@@ -588,7 +588,7 @@ def _child(requests: int, results: int, index: int, parent: int) -> None:
     import torch.nn.functional
     import torch.utils.cpp_extension
 
-    from . import profiler
+    from ..profiling import profiler
     from .evaluate import run_evaluation
 
     # this process profiles candidates and nothing else: keep the Range Profiler enabled
@@ -627,7 +627,7 @@ def _child(requests: int, results: int, index: int, parent: int) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 5:
-        sys.exit("usage: python -m cudaforge.worker REQUEST_FD RESULT_FD INDEX PARENT_PID")
+        sys.exit("usage: python -m cudaforge.harness.pool REQUEST_FD RESULT_FD INDEX PARENT_PID")
     _child(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown (CUDA and extension destructors) once done

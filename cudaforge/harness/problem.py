@@ -274,7 +274,7 @@ def dev_set_path(path: str | os.PathLike | None = None) -> Path:
     if path is None:
         path = os.environ.get(DEV_SET_ENV)
     if path is None:
-        path = Path(__file__).resolve().parent / "data" / "kernelbench" / "dev_problems.jsonl"
+        path = Path(__file__).resolve().parents[1] / "data" / "kernelbench" / "dev_problems.jsonl"
     path = Path(path)
     if path.is_dir():
         path = path / "dev_problems.jsonl"

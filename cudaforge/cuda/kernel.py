@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _core, _libs
-from .errors import NoGPUError
+from .. import _core
+from ..errors import NoGPUError
+from . import libs as _libs
 
 CACHE_FORMAT = 2  # bump when the options or cudaforge/include change
 _MAGIC = b"CUDAFORGE-KERNEL\n"

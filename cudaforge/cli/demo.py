@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 FORGE_PROBLEM = "L1/19"  # ReLU: small, so a first forge with a real model is quick and cheap
 
 
@@ -46,8 +46,8 @@ def _say(line: str = "") -> None:
 
 
 def run_demo(out_dir: str = "cudaforge-demo", llm: str | None = None) -> int:
-    from .cli import has_gpu
     from .doctor import doctor, format_report
+    from .main import has_gpu
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,10 +81,10 @@ def run_demo(out_dir: str = "cudaforge-demo", llm: str | None = None) -> int:
 
 
 def _prove_examples(out: Path, lines: list[str]) -> bool:
-    from .evaluate import evaluate
-    from .feedback import format_profile
-    from .problem import Problem
-    from .profiler import ForwardProfile
+    from ..harness.evaluate import evaluate
+    from ..harness.problem import Problem
+    from ..profiling.feedback import format_profile
+    from ..profiling.profiler import ForwardProfile
 
     lines += [
         "## Shipped example kernels, proven and timed on this GPU",
@@ -125,7 +125,7 @@ def _compile_examples(lines: list[str]) -> bool:
     """No GPU: compile each example for sm_90 (what NVRTC does without a device)."""
     import importlib.util
 
-    from .kernel import CompiledModule
+    from ..cuda.kernel import CompiledModule
 
     os.environ.setdefault("CUDAFORGE_ARCH", "sm_90")
     lines += [
@@ -162,7 +162,7 @@ def _compile_examples(lines: list[str]) -> bool:
 
 
 def _forge_one(llm: str, out: Path, lines: list[str]) -> bool:
-    from .cli import main as cli_main
+    from .main import main as cli_main
 
     lines += ["", f"## Forging {FORGE_PROBLEM} with {llm}", ""]
     _say(f"forging {FORGE_PROBLEM} with {llm} (3 rounds) ...")

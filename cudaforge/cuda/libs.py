@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 
-from . import _core
+from .. import _core
 
 SONAMES = {
     "cuda": ["libcuda.so.1", "libcuda.so"],
@@ -107,6 +107,6 @@ def include_dirs() -> list[str]:
             out.append(inc)
         if os.path.isdir(os.path.join(inc, "cccl")):
             out.append(os.path.join(inc, "cccl"))
-    out.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "include"))
+    out.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "include"))
     seen = set()
     return [d for d in out if not (d in seen or seen.add(d))]

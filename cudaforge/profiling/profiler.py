@@ -32,11 +32,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import _core, _libs
-from .errors import CompileError, LibraryNotFound, NoGPUError, ProfilerError
-from .kernel import cache_dir, current_arch
-from .kernel import compile as _compile_cuda  # bound at import: evaluate's hooks wrap the name
-from .results import KernelTime
+from .. import _core
+from ..cuda import libs as _libs
+from ..cuda.kernel import cache_dir, current_arch
+from ..cuda.kernel import (
+    compile as _compile_cuda,  # bound at import: evaluate's hooks wrap the name
+)
+from ..errors import CompileError, LibraryNotFound, NoGPUError, ProfilerError
+from ..harness.results import KernelTime
 
 # ---------------------------------------------------------------- metric lists
 
@@ -811,7 +814,7 @@ def _ptxas_for(resources: dict[str, dict[str, int]] | None, name: str) -> dict[s
 
 
 # Whether profile_forward leaves the Range Profiler enabled between calls by default: the worker
-# processes (cudaforge.worker) turn it on; they profile many candidates and nothing else. While
+# processes (cudaforge.harness.pool) turn it on; they profile many candidates and nothing else. While
 # it is enabled the GPU's counters are taken: ncu or nsys on the same GPU are refused ("a driver
 # resource was unavailable") until the worker ends or calls _core.profiler_release().
 # CUDAFORGE_PROFILER_KEEP=0 turns it off in workers too.

@@ -9,7 +9,7 @@ last line (the process died mid-write) is dropped and its problem runs again. An
 problem becomes a record with status "error" and the run goes on.
 
 Record status: "ok" (a correct kernel was found), else the status of the last candidate
-("compile_error", "incorrect", ... as in cudaforge.results.STATUSES), "no_candidate" (the loop
+("compile_error", "incorrect", ... as in cudaforge.harness.results.STATUSES), "no_candidate" (the loop
 evaluated none), or "error" (forge_one raised).
 """
 
@@ -34,8 +34,8 @@ try:
 except ImportError:  # Windows: no advisory locks; one run per results file is then up to the user
     fcntl = None
 
-from .errors import LibraryNotFound, NeedsKeyError, NoGPUError
-from .problem import Problem, dev_set_path
+from ..errors import LibraryNotFound, NeedsKeyError, NoGPUError
+from ..harness.problem import Problem, dev_set_path
 
 RECORD_VERSION = 1
 # exceptions that would fail every problem the same way: they end the run instead of being recorded
@@ -58,7 +58,7 @@ class BenchProblem:
     path: str | None = None  # the file it was read from; None for the dev set
 
     def to_problem(self) -> Problem:
-        """The cudaforge.problem.Problem (raises ValueError if the source is not a problem)."""
+        """The cudaforge.harness.problem.Problem (raises ValueError if the source is not a problem)."""
         origin = self.path or f"dev:{self.level}/{self.problem_id}"
         return Problem.from_source(
             self.source,
@@ -104,7 +104,7 @@ def dev_set_problems(
     path: str | os.PathLike | None = None,
 ) -> list[BenchProblem]:
     """The dev set's problems of `level` (one or several; None: all) with these ids (None: all),
-    ordered by level and id; the file is found as cudaforge.problem.dev_set_path finds it.
+    ordered by level and id; the file is found as cudaforge.harness.problem.dev_set_path finds it.
     Raises ValueError naming any requested id the dev set lacks."""
     found = dev_set_path(path)
     problems = []
@@ -596,13 +596,13 @@ def loop_forge(
     transcripts_dir: str | os.PathLike | None = None,
     **loop_options: Any,
 ) -> Callable[[BenchProblem], Any]:
-    """A forge_one for run_bench that runs the agents loop (cudaforge.agents.run_loop) on each
+    """A forge_one for run_bench that runs the agents loop (cudaforge.agents.loop.run_loop) on each
     problem and returns its LoopResult (run_bench writes the best kernel out).
 
     evaluate(problem_source, candidate_source) -> EvalResult; loop_options go to run_loop (coder,
     judge, rounds, max_dollars, max_seconds, candidates, gpu, ...). Transcripts are written to
     transcripts_dir/<key>.jsonl (default: run_loop's own place)."""
-    from .agents import run_loop
+    from ..agents.loop import run_loop
 
     def forge_one(problem: BenchProblem) -> Any:
         transcript = None

@@ -45,11 +45,11 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
-from .errors import CudaforgeError, VerificationError
+from ..errors import CudaforgeError, VerificationError
 from .hotspots import Site, TensorSpec, _fetch, load_problem, rebuild_output, time_call
 
 # per-dtype tolerances of the checks made here (swap time, shadow checks); the workers' check
-# before (cudaforge.evaluate) is the strict one
+# before (cudaforge.harness.evaluate) is the strict one
 ATOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 RTOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 NORM_TOL = {torch.float32: 1e-3, torch.float64: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}

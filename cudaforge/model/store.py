@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .results import EvalResult
+from ..harness.results import EvalResult
 
 SCHEMA_VERSION = 1
 DEFAULT_NAME = "kernels.sqlite3"
@@ -67,7 +67,7 @@ def shapes_key(shapes: Sequence[Sequence[int]] | str) -> str:
 
 def default_path() -> Path:
     """cache_dir()/kernels.sqlite3 ($CUDAFORGE_CACHE_DIR moves it)."""
-    from .kernel import cache_dir
+    from ..cuda.kernel import cache_dir
 
     return cache_dir() / DEFAULT_NAME
 
@@ -169,7 +169,7 @@ class KernelStore:
         replaces the earlier row's result when the new one is faster."""
         if not result.ok:
             raise ValueError(f"only verified kernels are stored; this one is {result.status!r}")
-        from . import __version__
+        from .. import __version__
 
         row = {
             "problem_hash": problem_hash(problem_source),

@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _core
-from .errors import HTTPError, LLMError, NeedsKeyError
+from .. import _core
+from ..errors import HTTPError, LLMError, NeedsKeyError
 
-log = logging.getLogger("cudaforge.llm")
+log = logging.getLogger("cudaforge.agents.providers")
 
 # List prices in USD per million tokens, (input, output), for the models' public API as of late
 # 2025. A model matches its exact name or the longest key that starts its name (dated snapshots:

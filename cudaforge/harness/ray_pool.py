@@ -26,10 +26,10 @@ import threading
 import time
 from typing import Any
 
-from .errors import ExtraNotInstalled, NoGPUError
+from ..errors import ExtraNotInstalled, NoGPUError
+from .pool import QueuedPool, _failed, _Job, _wait_all
 from .problem import Problem
 from .results import EvalResult
-from .worker import QueuedPool, _failed, _Job, _wait_all
 
 # beyond the pool's own deadlines, how long an actor may take to answer before it is given up
 ACTOR_GRACE_S = 60.0
@@ -51,7 +51,7 @@ class _EvalActor:
     def __init__(self, device: str, start_timeout: float, log_dir: str | None):
         import ray
 
-        from .worker import WorkerPool
+        from .pool import WorkerPool
 
         self.pool = WorkerPool(1, device=device, start_timeout=start_timeout, log_dir=log_dir)
         context = ray.get_runtime_context()

@@ -7,7 +7,8 @@ import os
 import platform
 import sys
 
-from . import __version__, _core, _libs
+from .. import __version__, _core
+from ..cuda import libs as _libs
 
 
 def _try(fn):
@@ -84,7 +85,7 @@ def doctor() -> dict:
     report["counters_readable"] = readable
     report["counters_reason"] = why
     report["include_dirs"] = _libs.include_dirs()
-    from .kernel import cache_dir
+    from ..cuda.kernel import cache_dir
 
     report["cache_dir"] = str(cache_dir())
     return report

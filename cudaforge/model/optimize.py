@@ -2,15 +2,15 @@
 
 optimize:
 1. works on a deep copy of the model (inplace=True: on the model itself) and finds its hot spots
-   on the example inputs (cudaforge.hotspots): one KernelBench problem each;
+   on the example inputs (cudaforge.model.hotspots): one KernelBench problem each;
 2. per hot spot, a kernel: from the store when one was verified for the same problem, GPU arch,
    dtype and shapes and it passes again in a worker now; else the Coder/Judge loop
-   (cudaforge.agents), each candidate evaluated in a worker process (cudaforge.worker). Hot spots
+   (cudaforge.agents.loop), each candidate evaluated in a worker process (cudaforge.harness.pool). Hot spots
    run side by side when the pool has several workers. A candidate that is correct and faster
    than the reference is stored the moment its evaluation says so;
 3. swaps in the fastest such kernel of each hot spot, once it also passes the checks in this
    process (captured inputs and fresh ones, gradients with training=True) and is faster here
-   (cudaforge.swap); the others keep the original code;
+   (cudaforge.model.swap); the others keep the original code;
 4. times the forward on the example inputs before and after, and compares the outputs.
 
 Ctrl-C during step 2 stops the agents (a loop ends at its next evaluation); what was verified so
@@ -37,7 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import CudaforgeError
+from ..errors import CudaforgeError
+from ..harness.results import EvalResult
 from .hotspots import (
     MAX_HOTSPOTS,
     MIN_SHARE,
@@ -47,7 +48,6 @@ from .hotspots import (
     split_inputs,
     time_call,
 )
-from .results import EvalResult
 from .store import KernelStore
 from .swap import SwapError, compare, restore, swap_in, swaps
 
@@ -212,7 +212,7 @@ class _Progress:
 def _gpu_arch(device: torch.device) -> str:
     if device.type != "cuda":
         return device.type
-    from .kernel import current_arch
+    from ..cuda.kernel import current_arch
 
     try:
         return current_arch(device.index if device.index is not None else 0)
@@ -225,7 +225,7 @@ def _gpu_text(device: torch.device) -> str:
     if device.type != "cuda":
         return "No GPU: candidates run on the CPU (torch code stands in for kernels)."
     try:
-        from .doctor import gpu_facts
+        from ..cli.doctor import gpu_facts
 
         return gpu_facts(device.index or 0)
     except Exception:  # noqa: BLE001 - the prompt then goes without the facts
@@ -294,7 +294,7 @@ class _Run:
         if self.device.type != "cuda":
             options.setdefault("device", "cpu")
         if self.pool is None:
-            from .worker import default_pool
+            from ..harness.pool import default_pool
 
             self.pool = default_pool()
         return self.pool.evaluate(problem_source, candidate_source, **options)
@@ -353,7 +353,7 @@ class _Run:
         return False
 
     def with_agents(self, hotspot: Hotspot, outcome: HotspotOutcome, agent_options) -> None:
-        from .agents import default_transcript_path, run_loop
+        from ..agents.loop import default_transcript_path, run_loop
 
         transcript = str(default_transcript_path(f"optimize-{hotspot.problem_hash[:10]}"))
         outcome.transcript = transcript
@@ -518,7 +518,7 @@ class _Run:
         expected = self.forward()
         before_ms = self.time_model()
         if self.pool is None and self._evaluate is None:
-            from .worker import default_pool
+            from ..harness.pool import default_pool
 
             self.pool = default_pool()  # started now: its size sets how many hot spots run at once
         self.progress.start(len(hotspots), self.mode)
@@ -655,7 +655,7 @@ def optimize(
     """Make `model` faster on inputs like `example_inputs` with verified kernels for its hot spots.
 
     llm, judge: the Coder's and the Judge's models ('openai:o3', 'anthropic:...', 'scripted:',
-    'replay:PATH', or a cudaforge.llm.Provider); judge defaults to llm. budget: USD for the whole
+    'replay:PATH', or a cudaforge.agents.providers.Provider); judge defaults to llm. budget: USD for the whole
     run (split evenly over the hot spots), or {'dollars': .., 'seconds': ..}. targets: module
     paths, class names, kinds ('module', 'chain', 'block') or label text to limit the hot spots
     to (or a predicate on a Hotspot). training: keep autograd right and check gradients at swap
@@ -669,7 +669,7 @@ def optimize(
     reuse: take stored kernels that pass again before asking the agents. min_speedup: a kernel
     must be faster than this (worker and in-process). tolerance: atol = rtol of the in-process
     checks (default per dtype). candidates: parallel lanes per agents loop. eval_options: more
-    options for cudaforge.evaluate (trials, timed_runs, profile, ...). cluster: "ray" evaluates
+    options for cudaforge.harness.evaluate (trials, timed_runs, profile, ...). cluster: "ray" evaluates
     on a Ray cluster when no pool is given (a cudaforge.RayPool on the cluster RAY_ADDRESS names,
     or a local instance; closed at the end).
 
@@ -684,7 +684,7 @@ def optimize(
         max_hotspots=max_hotspots, min_speedup=min_speedup, tolerance=tolerance,
         eval_options=eval_options,
     )  # fmt: skip
-    from .llm import Provider, get_provider
+    from ..agents.providers import Provider, get_provider
 
     # made once, before any work: a missing API key fails here, not after the profiling
     coder = get_provider(llm, role="coder")
@@ -706,7 +706,7 @@ def optimize(
     run.reuse = reuse
     if cluster is None or pool is not None:
         return run.run(agent_options)
-    from .cluster import RayPool
+    from ..harness.ray_pool import RayPool
 
     with RayPool() as ray_pool:
         run.pool = ray_pool

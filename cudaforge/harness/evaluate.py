@@ -230,7 +230,7 @@ def evaluate(
     if not isinstance(candidate_source, str):
         raise TypeError("candidate_source must be the candidate's Python source (a str)")
     if pool is None:
-        from .worker import default_pool
+        from .pool import default_pool
 
         pool = default_pool()
     return pool.submit_options(problem, candidate_source, opts).result()
@@ -740,7 +740,7 @@ class _Evaluation:
         return max(1, min(want, fit))
 
     def make_flush_buffer(self) -> None:
-        from .profiler import l2_flush
+        from ..profiling.profiler import l2_flush
 
         self.flush = l2_flush(self.device)  # one per worker process, kept
         self.result.timing["l2_bytes"] = self.flush.l2_bytes
@@ -1015,7 +1015,7 @@ class _Evaluation:
     def run_profile(self) -> None:
         r = self.result
         target = self.opts.profile
-        spec = target if isinstance(target, str) else "cudaforge.profiler:profile_forward"
+        spec = target if isinstance(target, str) else "cudaforge.profiling.profiler:profile_forward"
         try:
             module_name, _, func_name = spec.partition(":")
             hook = getattr(__import__(module_name, fromlist=[func_name]), func_name)
@@ -1485,9 +1485,9 @@ class _CompileHooks:
         targets = []
         with contextlib.suppress(ImportError):
             import cudaforge
-            import cudaforge.kernel
+            import cudaforge.cuda.kernel
 
-            targets += [(cudaforge, "compile"), (cudaforge.kernel, "compile")]
+            targets += [(cudaforge, "compile"), (cudaforge.cuda.kernel, "compile")]
         with contextlib.suppress(ImportError):
             import torch.utils.cpp_extension as ext
 
@@ -1559,7 +1559,8 @@ class _Tracer:
         self.harness_stream_id = None
         self.reason = None
         try:
-            from . import _core, _libs
+            from .. import _core
+            from ..cuda import libs as _libs
 
             self.core = _core
             _libs.ensure("cupti")  # loaded on first use, like every CUDA library
@@ -1725,8 +1726,8 @@ class _TorchSettings:
 
 
 def _namespaces(torch) -> list[tuple[str, object]]:
-    import cudaforge.problem
-    import cudaforge.results
+    import cudaforge.harness.problem
+    import cudaforge.harness.results
 
     spaces: list[tuple[str, object]] = [
         ("torch", torch),
@@ -1748,15 +1749,15 @@ def _namespaces(torch) -> list[tuple[str, object]]:
         ("math", math),
         ("builtins", builtins),
         ("threading", threading),
-        ("cudaforge.evaluate", sys.modules[__name__]),
-        ("cudaforge.problem", cudaforge.problem),
-        ("cudaforge.results", cudaforge.results),
+        ("cudaforge.harness.evaluate", sys.modules[__name__]),
+        ("cudaforge.harness.problem", cudaforge.harness.problem),
+        ("cudaforge.harness.results", cudaforge.harness.results),
         ("EvalResult", EvalResult),
         ("TrialFailure", TrialFailure),
     ]
-    worker = sys.modules.get("cudaforge.worker")
+    worker = sys.modules.get("cudaforge.harness.pool")
     if worker is not None:
-        spaces.append(("cudaforge.worker", worker))
+        spaces.append(("cudaforge.harness.pool", worker))
     for name, value in vars(torch.nn).items():
         if isinstance(value, type) and issubclass(value, torch.nn.Module):
             spaces.append((f"torch.nn.{name}", value))
@@ -1873,7 +1874,7 @@ def _candidate_traceback(e: BaseException, filename: str) -> str:
     frames = [
         f
         for f in traceback.extract_tb(e.__traceback__)
-        if not f.filename.endswith(("cudaforge/evaluate.py", "cudaforge/worker.py"))
+        if not f.filename.endswith(("cudaforge/harness/evaluate.py", "cudaforge/harness/pool.py"))
     ]
     lines = traceback.format_list(frames)
     lines += traceback.format_exception_only(type(e), e)

@@ -1,6 +1,6 @@
 """The benchmark summary in the CudaForge paper's terms, as markdown and as one HTML page.
 
-From a results file of `cudaforge.bench` (one JSON record per problem): the correctness rate,
+From a results file of `cudaforge.cli.bench` (one JSON record per problem): the correctness rate,
 fast_p (the share of ALL problems whose kernel is correct and more than p times faster than
 PyTorch eager, p = 0, 1, 1.5, 2; fast_0 is the correctness rate), the mean and geometric-mean
 speedup over the correct problems, the same with a problem without a correct kernel counted as 1x,
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bench import BenchRecord, read_results
+from ..cli.bench import BenchRecord, read_results
 
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 # what the paper reports (arXiv 2511.01884, abstract), shown beside our numbers for orientation

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .errors import CudaforgeError
+from ..errors import CudaforgeError
 from .store import problem_hash
 
 MIN_SHARE = 0.02  # a hot spot takes at least this share of the model's time

@@ -1,0 +1,2 @@
+"""The Coder and the Judge: LLM providers behind one small interface, the forge loop, and its
+transcripts (for reading, replaying and resuming a run)."""

@@ -1,0 +1,1 @@
+"""The `cudaforge` command: its subcommands, the demo, `doctor` and `bench`."""

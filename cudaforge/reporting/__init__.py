@@ -1,0 +1,1 @@
+"""Reports of benchmark and optimize runs: markdown text, and HTML with SVG charts."""
