@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from cudaforge.profiling.feedback import format_profile, format_value, hints
-from cudaforge.profiling.profiler import ForwardProfile, KernelProfile, occupancy
+from cudaforge.profiling.occupancy import occupancy
+from cudaforge.profiling.profiler import ForwardProfile, KernelProfile
 
 FIXTURE = Path(__file__).parent / "fixtures" / "profile_h200.json"
 DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"

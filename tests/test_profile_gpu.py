@@ -16,10 +16,14 @@ import warnings
 import pytest
 
 import cudaforge
+import cudaforge.profiling.l2_flush as l2
 import cudaforge.profiling.profiler as prof
 from cudaforge import _core
 from cudaforge.cuda import libs as _libs
 from cudaforge.profiling.feedback import format_profile
+from cudaforge.profiling.metrics import METRICS, check_metrics
+from cudaforge.profiling.roofline import measure_ceilings
+from cudaforge.profiling.timing import time_forward
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -140,7 +144,7 @@ def test_kernel_records_agree_with_the_hardware_duration(mod):
     n = 1 << 25
     x = torch.randn(n, device="cuda")
     y = torch.empty_like(x)
-    flush = prof.l2_flush(0)
+    flush = l2.l2_flush(0)
 
     def launch():
         mod.gelu_tanh(((n + 255) // 256,), (256,), (x, y, n))
@@ -215,7 +219,7 @@ def test_range_profiler_names_ranges_and_calls_fn_once(mod, matmul_case):
 
 
 def test_memory_bound_copy_vs_compute_bound_matmul(mod, copy_case, matmul_case):
-    metrics = list(prof.METRICS) + [SM_THROUGHPUT]
+    metrics = list(METRICS) + [SM_THROUGHPUT]
     kernels = {"copy4": mod.copy4, "matmul_naive": mod.matmul_naive}
     forward, x, _y = copy_case
     copy = prof.profile_forward(
@@ -267,7 +271,7 @@ def test_profile_degrades_to_timing_and_static_facts(mod, copy_case, monkeypatch
     assert (
         k.time_ms > 0 and k.registers_per_thread == mod.copy4.attributes()["registers_per_thread"]
     )
-    assert set(k.metrics) == {m for m in prof.METRICS if m.startswith("launch__")}
+    assert set(k.metrics) == {m for m in METRICS if m.startswith("launch__")}
     assert DRAM in k.unavailable and "insufficient_privileges" in k.unavailable[DRAM]
     assert "Hardware metrics unavailable (insufficient_privileges" in format_profile(result)
 
@@ -289,11 +293,11 @@ def test_profile_problem_and_candidate(mod):
 
 def test_ceilings_are_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path))
-    first = prof.measure_ceilings()
+    first = measure_ceilings()
     assert (tmp_path / "ceilings.json").exists()
     assert 1e12 < first["dram_bytes_per_s"] < 1e13  # H200: ~4 TB/s of 4.8 peak
     assert 1e13 < first["fp32_flops_per_s"] < first["bf16_tensor_flops_per_s"]
-    assert prof.measure_ceilings() == first
+    assert measure_ceilings() == first
 
 
 COEXIST = textwrap.dedent(
@@ -301,7 +305,7 @@ COEXIST = textwrap.dedent(
     import json, torch, cudaforge
     from cudaforge import _core
     from cudaforge.cuda import libs as _libs
-    import cudaforge.profiling.profiler as prof
+    from cudaforge.profiling.timing import time_forward
     src = '''extern "C" __global__ void add(const float* a, const float* b, float* c, int n) {
         int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) c[i] = a[i] + b[i]; }'''
     mod = cudaforge.compile(src)
@@ -316,7 +320,7 @@ COEXIST = textwrap.dedent(
     seen = any(e.name == "add" for e in p.events())
     out = {"torch_profiler_saw_add": seen}
     try:
-        t = prof.time_forward(fwd, iterations=10)
+        t = time_forward(fwd, iterations=10)
         add = next(k for k in t.kernels if k.name == "add")
         out.update(timing="works", kernel_us=add.mean_us, event_us=t.forward_ms * 1e3,
                    timing_reason=t.reason)
@@ -440,7 +444,7 @@ def test_kept_range_profiler_is_reused_and_released(mod, matmul_case):
     back = profiler.profile(mm, replay="user", keep=True)
     assert profiler.last_run["reused_enabled"] is False
     assert back[0]["metrics"][inst] == pytest.approx(first[0]["metrics"][inst], rel=0.01)
-    timing = prof.time_forward(mm, iterations=3)
+    timing = time_forward(mm, iterations=3)
     assert [k.name for k in timing.kernels] == ["matmul_naive"]
     assert _core.profiler_release() is True
     assert _core.profiler_release() is False
@@ -455,7 +459,7 @@ def test_before_runs_once_per_pass_outside_the_ranges(mod):
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     c = torch.empty_like(a)
     calls = []
-    flush = prof.l2_flush(0)
+    flush = l2.l2_flush(0)
 
     def before():
         calls.append(1)
@@ -464,7 +468,7 @@ def test_before_runs_once_per_pass_outside_the_ranges(mod):
     def forward():
         mod.add(((n + 255) // 256,), (256,), (a, b, c, n))
 
-    profiler = _core.Profiler(prof.check_metrics(prof.METRICS, "GH100").collect, device=0)
+    profiler = _core.Profiler(check_metrics(METRICS, "GH100").collect, device=0)
     ranges = profiler.profile(forward, replay="user", before=before)
     assert profiler.passes >= 2 and len(calls) == profiler.passes
     assert [r["name"] for r in ranges] == ["add"]
@@ -474,7 +478,7 @@ def test_before_runs_once_per_pass_outside_the_ranges(mod):
     assert result.l2_flushed and result.reason is None
 
 
-@pytest.mark.parametrize("method", sorted(prof.L2_FLUSH_METHODS))
+@pytest.mark.parametrize("method", sorted(l2.L2_FLUSH_METHODS))
 def test_the_l2_flush_leaves_few_dirty_lines(mod, method):
     """After the flush, an add whose 4 MB output fits in the L2 reads its 8 MB of inputs from
     DRAM and writes back almost nothing (a write-only flush would leave ~60 MB of dirty lines to
@@ -482,12 +486,12 @@ def test_the_l2_flush_leaves_few_dirty_lines(mod, method):
     n = 1 << 20
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     c = torch.empty_like(a)
-    flush = prof.l2_flush(0, method)
+    flush = l2.l2_flush(0, method)
     assert flush.method == method
-    default = prof.l2_flush(0)  # discard compiles for every GPU of sm_80 on
-    assert default.method == prof.L2_FLUSH_METHOD == "discard" and default.fallback is None
-    assert prof.l2_flush("cuda:0", method) is flush
-    assert prof.l2_flush(torch.device("cuda", 0), method) is flush
+    default = l2.l2_flush(0)  # discard compiles for every GPU of sm_80 on
+    assert default.method == l2.L2_FLUSH_METHOD == "discard" and default.fallback is None
+    assert l2.l2_flush("cuda:0", method) is flush
+    assert l2.l2_flush(torch.device("cuda", 0), method) is flush
 
     def forward():
         mod.add(((n + 255) // 256,), (256,), (a, b, c, n))
@@ -511,7 +515,9 @@ def test_the_l2_flush_leaves_few_dirty_lines(mod, method):
 
 def test_the_default_flush_is_discard_in_a_fresh_process():
     # the flush may be a worker's first NVRTC compile (a candidate built with load_inline)
-    code = "import cudaforge.profiling.profiler as p; f = p.l2_flush(0); print(f.method, f.fallback)"
+    code = (
+        "import cudaforge.profiling.l2_flush as p; f = p.l2_flush(0); print(f.method, f.fallback)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )

@@ -10,9 +10,20 @@ from typing import ClassVar
 
 import pytest
 
+import cudaforge.profiling.l2_flush as l2
 import cudaforge.profiling.profiler as prof
 from cudaforge import _core
 from cudaforge.cuda import libs as _libs
+from cudaforge.profiling import gpu, timing
+from cudaforge.profiling.metrics import (
+    LAUNCH_METRICS,
+    METRICS,
+    base_metrics,
+    check_metrics,
+    parse_metrics,
+)
+from cudaforge.profiling.occupancy import H200_LIMITS, launch_metrics, occupancy
+from cudaforge.profiling.roofline import roofline
 
 # The paper's list as DESIGN.md writes it (ncu --metrics syntax, with one {a,b,...} group).
 PAPER_SPEC = (
@@ -57,24 +68,24 @@ def host_api():
 
 
 def test_paper_list_parses_to_the_24_metrics():
-    names = prof.parse_metrics(PAPER_SPEC)
-    assert names == list(prof.METRICS)
+    names = parse_metrics(PAPER_SPEC)
+    assert names == list(METRICS)
     assert len(set(names)) == 24
     assert MEMORY_DEPENDENCY in names and FP32_PIPE in names
 
 
 def test_parse_accepts_lists_whitespace_and_drops_repeats():
-    assert prof.parse_metrics("a__b.sum  c__d.avg,a__b.sum\n e__f.pct") == [
+    assert parse_metrics("a__b.sum  c__d.avg,a__b.sum\n e__f.pct") == [
         "a__b.sum",
         "c__d.avg",
         "e__f.pct",
     ]
-    assert prof.parse_metrics(["x__y.sum", " x__y.sum ", "z__w.{min,max}"]) == [
+    assert parse_metrics(["x__y.sum", " x__y.sum ", "z__w.{min,max}"]) == [
         "x__y.sum",
         "z__w.min",
         "z__w.max",
     ]
-    assert prof.parse_metrics("") == []
+    assert parse_metrics("") == []
 
 
 @pytest.mark.parametrize(
@@ -88,21 +99,21 @@ def test_parse_accepts_lists_whitespace_and_drops_repeats():
 )
 def test_parse_rejects_malformed_names_by_name(spec, needle):
     with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
-        prof.parse_metrics(spec)
+        parse_metrics(spec)
 
 
 def test_parse_rejects_non_strings():
     with pytest.raises(TypeError):
-        prof.parse_metrics(["a__b.sum", 3])
+        parse_metrics(["a__b.sum", 3])
 
 
 # ---------------------------------------------------------------- host API: GH100
 
 
 def test_gh100_plan_for_the_paper_list(host_api):
-    plan = prof.check_metrics(prof.METRICS, "GH100")
+    plan = check_metrics(METRICS, "GH100")
     assert plan.chip == "GH100"
-    assert plan.launch == [m for m in prof.METRICS if m.startswith("launch__")]
+    assert plan.launch == [m for m in METRICS if m.startswith("launch__")]
     assert len(plan.launch) == 4
     # the two names GH100 lacks: one stands in, one has no equivalent; none silently dropped
     assert plan.substitutes == {
@@ -111,7 +122,7 @@ def test_gh100_plan_for_the_paper_list(host_api):
     assert list(plan.unavailable) == [MEMORY_DEPENDENCY]
     assert "long_scoreboard" in plan.unavailable[MEMORY_DEPENDENCY]
     accounted = set(plan.collect) | set(plan.launch) | set(plan.unavailable) | set(plan.substitutes)
-    assert set(prof.METRICS) <= accounted
+    assert set(METRICS) <= accounted
     assert len(plan.collect) == 19
     # measured on the H200 (CUPTI_NOTES: offline pass counts matched the device): 6 passes
     assert plan.passes == 6
@@ -162,7 +173,7 @@ def test_base_metrics_properties_and_submetrics(host_api):
     assert {"dram__bytes_read", "sm__inst_executed_pipe_fma", "dram__throughput"} <= everything
     assert "sm__inst_executed_pipe_fp32" not in everything
     assert p.base_metrics("throughput") == base["throughput"]
-    assert prof.base_metrics("GH100") == base
+    assert base_metrics("GH100") == base
     props = p.properties("dram__throughput.avg.pct_of_peak_sustained_elapsed")
     assert props["dim_unit"] == "percent" and props["type"] == "throughput"
     assert ".avg.pct_of_peak_sustained_elapsed" in p.submetrics("dram__throughput")
@@ -211,7 +222,7 @@ def test_timing_needs_a_start():
     ],
 )
 def test_occupancy_matches_the_cuda_calculator(regs, threads, smem, blocks, pct, limiter):
-    occ = prof.occupancy(regs, threads, smem)
+    occ = occupancy(regs, threads, smem)
     assert occ.blocks_per_sm == blocks
     assert occ.theoretical_pct == pytest.approx(pct)
     assert set(occ.limiter) == limiter
@@ -219,15 +230,15 @@ def test_occupancy_matches_the_cuda_calculator(regs, threads, smem, blocks, pct,
 
 def test_occupancy_uses_the_driver_carveout():
     # with an 8 KB carveout chosen by the driver, 1 KB reserved per block allows 8 blocks
-    occ = prof.occupancy(16, 64, 0, shared_config=8 * 1024)
+    occ = occupancy(16, 64, 0, shared_config=8 * 1024)
     assert occ.limits["shared_mem"] == 8
     assert occ.shared_config_bytes == 8192
 
 
 def test_launch_metrics_names_and_values():
-    occ = prof.occupancy(64, 1024, 0)
-    values = prof.launch_metrics(occ, 64)
-    assert set(values) == set(prof.LAUNCH_METRICS)
+    occ = occupancy(64, 1024, 0)
+    values = launch_metrics(occ, 64)
+    assert set(values) == set(LAUNCH_METRICS)
     assert values["launch__registers_per_thread"] == 64
     assert values["launch__occupancy_limit_registers"] == 1
     assert values["launch__occupancy_limit_blocks"] == 32
@@ -235,15 +246,15 @@ def test_launch_metrics_names_and_values():
 
 def test_roofline_bound_and_rates():
     ceilings = {"dram_bytes_per_s": 4e12, "fp32_flops_per_s": 5e13, "bf16_tensor_flops_per_s": 6e14}
-    copy = prof.roofline(1e-4, ceilings, dram_bytes=3.6e8)
+    copy = roofline(1e-4, ceilings, dram_bytes=3.6e8)
     assert copy.bandwidth == pytest.approx(3.6e12)
     assert copy.bandwidth_pct == pytest.approx(90.0)
     assert copy.bound == "memory" and copy.flop_rate is None
-    mm = prof.roofline(1e-3, ceilings, dram_bytes=1.2e7, flops=2e10)
+    mm = roofline(1e-3, ceilings, dram_bytes=1.2e7, flops=2e10)
     assert mm.intensity == pytest.approx(2e10 / 1.2e7)
     assert mm.bound == "compute"
     assert mm.flop_pct == pytest.approx(40.0)
-    assert prof.roofline(1e-3, ceilings, 1e6, 1e6, tensor=True).flop_ceiling == "bf16_tensor"
+    assert roofline(1e-3, ceilings, 1e6, 1e6, tensor=True).flop_ceiling == "bf16_tensor"
 
 
 def test_min_bytes_of_nested_tensors():
@@ -372,7 +383,7 @@ class _FakeCore:
         return {"dropped": 0}
 
     def device_info(self, device=0):
-        return dict(prof.H200_LIMITS, name="NVIDIA H200 (fake)")
+        return dict(H200_LIMITS, name="NVIDIA H200 (fake)")
 
     @staticmethod
     def Profiler(metrics, chip=None, device=0):  # stands in for the type
@@ -384,9 +395,10 @@ class _FakeCore:
 @pytest.fixture
 def fake_gpu(monkeypatch, host_api):
     fake = _FakeCore()
-    monkeypatch.setattr(prof, "_torch", lambda: _FakeTorch)
-    monkeypatch.setattr(prof, "_prepare", lambda device: None)
+    monkeypatch.setattr(gpu, "require_torch", lambda: _FakeTorch)
+    monkeypatch.setattr(gpu, "prepare", lambda device: None)
     monkeypatch.setattr(prof, "_core", fake)
+    monkeypatch.setattr(timing, "_core", fake)
     monkeypatch.setattr(prof, "_profilers", {})
     fake.flushes = []
     monkeypatch.setattr(
@@ -455,7 +467,7 @@ def test_profile_forward_without_counters(fake_gpu):
     assert result.reason.startswith("insufficient_privileges")
     assert [k.name for k in result.kernels] == ["matmul", "add"]
     for k in result.kernels:
-        assert set(k.metrics) == {m for m in prof.METRICS if m.startswith("launch__")}
+        assert set(k.metrics) == {m for m in METRICS if m.startswith("launch__")}
         dram = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
         assert "insufficient_privileges" in k.unavailable[dram]
         assert k.roofline is None
@@ -475,18 +487,17 @@ def test_profile_keywords_parse_before_the_device_check(host_api):
     assert _core.profiler_release() is False  # nothing was enabled
 
 
-
 def test_the_l2_discard_kernel_compiles_for_sm80_up_and_is_refused_below():
     # L2Flush's "discard" method needs discard.global.L2 (sm_80+)
     import cudaforge
     from cudaforge.errors import CompileError
 
-    mod = cudaforge.compile(prof.L2_DISCARD_SOURCE, arch="sm_90a", name="l2_discard.cu")
+    mod = cudaforge.compile(l2.L2_DISCARD_SOURCE, arch="sm_90a", name="l2_discard.cu")
     assert mod.kernels == ["cudaforge_l2_discard"]
     with pytest.raises(CompileError, match="discard"):
-        cudaforge.compile(prof.L2_DISCARD_SOURCE, arch="sm_75", name="l2_discard.cu")
+        cudaforge.compile(l2.L2_DISCARD_SOURCE, arch="sm_75", name="l2_discard.cu")
     with pytest.raises(ValueError, match="method must be one of"):
-        prof.L2Flush(0, method="invalidate")
+        l2.L2Flush(0, method="invalidate")
 
 
 def test_the_default_flush_falls_back_to_reads_where_discard_does_not_compile(monkeypatch):
@@ -501,14 +512,14 @@ def test_the_default_flush_falls_back_to_reads_where_discard_does_not_compile(mo
             made.append((device, method))
             self.method, self.fallback = method, None
 
-    monkeypatch.setattr(prof, "L2Flush", FakeFlush)
-    monkeypatch.setattr(prof, "_l2_flushes", {})
-    flush = prof.l2_flush(3)
+    monkeypatch.setattr(l2, "L2Flush", FakeFlush)
+    monkeypatch.setattr(l2, "_l2_flushes", {})
+    flush = l2.l2_flush(3)
     assert flush.method == "read" and made == [(3, "read")]
     assert "discard flush unavailable" in flush.fallback and "sm_80" in flush.fallback
-    assert prof.l2_flush(3) is flush and prof.l2_flush(3, "read") is flush  # made once
+    assert l2.l2_flush(3) is flush and l2.l2_flush(3, "read") is flush  # made once
     with pytest.raises(CompileError):  # asked for by name: no fallback
-        prof.l2_flush(3, "discard")
+        l2.l2_flush(3, "discard")
     assert made == [(3, "read")]
 
 
@@ -520,9 +531,9 @@ def test_the_default_flush_is_the_one_asked_for_by_name(monkeypatch):
             made.append((device, method))
             self.method, self.fallback = method, None
 
-    monkeypatch.setattr(prof, "L2Flush", FakeFlush)
-    monkeypatch.setattr(prof, "_l2_flushes", {})
-    assert prof.l2_flush(0) is prof.l2_flush(0, prof.L2_FLUSH_METHOD) is prof.l2_flush(0)
-    other = "read" if prof.L2_FLUSH_METHOD != "read" else "discard"
-    assert prof.l2_flush(0, other).method == other and prof.l2_flush(1).method == "discard"
+    monkeypatch.setattr(l2, "L2Flush", FakeFlush)
+    monkeypatch.setattr(l2, "_l2_flushes", {})
+    assert l2.l2_flush(0) is l2.l2_flush(0, l2.L2_FLUSH_METHOD) is l2.l2_flush(0)
+    other = "read" if l2.L2_FLUSH_METHOD != "read" else "discard"
+    assert l2.l2_flush(0, other).method == other and l2.l2_flush(1).method == "discard"
     assert made == [(0, "discard"), (0, other), (1, "discard")]  # one buffer set per kind

@@ -740,7 +740,7 @@ class _Evaluation:
         return max(1, min(want, fit))
 
     def make_flush_buffer(self) -> None:
-        from ..profiling.profiler import l2_flush
+        from ..profiling.l2_flush import l2_flush
 
         self.flush = l2_flush(self.device)  # one per worker process, kept
         self.result.timing["l2_bytes"] = self.flush.l2_bytes
