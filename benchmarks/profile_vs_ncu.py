@@ -9,20 +9,10 @@ Writes profile_vs_ncu.json and profile_vs_ncu.md under --out. Options:
     --ncu-cache-control all|none        ncu's cache control (default all, ncu's own default);
                                         cudaforge flushes the L2 before each pass to match
                                         (profile_forward's flush_l2), or not with none
-    --l2-flush read,discard             cudaforge's flush method(s) (L2Flush); the first is the
-                                        one timed and tabled, each is compared with the same
-                                        ncu values (default: the library's default method)
     --repeats N                         cudaforge profiles per kernel (default 5): the latency is
                                         their median wall time, each metric their median value
     --ncu-repeats N                     ncu runs per kernel (default 1): each metric their median,
                                         the tables give both tools' lowest-highest range
-    --same-flush                        also an ncu run per kernel reading the DRAM byte
-                                        counts with ncu's cache control off and cudaforge's flush
-                                        in the profiled process, so both start from the same L2
-    --baseline read_sum                 the probe whose DRAM writes each tool's net write counts
-                                        subtract ('' for none; see net_rows)
-    --from-json PATH [--l2-bytes N]     no GPU: the summaries and report of a saved
-                                        profile_vs_ncu.json made again with this analysis
     --paper-ncu                         also time the paper's way for vector_add: ncu over a fresh
                                         Python that builds the candidate with load_inline (a new
                                         candidate, so a cold build), against cudaforge compiling
@@ -37,6 +27,8 @@ Both sides use the same kernel, inputs and launch; ncu runs with --clock-control
 not lock clocks) and kernel replay. Goals (issue 3): each metric within 5% or 1 percentage point
 of ncu; the warm 24-metric profile at least 20x faster than the ncu subprocess (which, like the
 paper's run_ncu.py, starts a fresh Python that compiles and launches the kernel under ncu).
+The investigation of the DRAM write counts that differ from ncu's is retired (RESULTS.md,
+"DRAM-write investigation (retired)").
 """
 
 from __future__ import annotations
@@ -52,7 +44,6 @@ import statistics
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from ncu_tools import find_ncu
@@ -134,23 +125,6 @@ extern "C" __global__ void transpose_naive(const float* x, float* y, int n) {
 }
 
 
-# Probes (benchmarks/dram_writes.py), not in the default comparison: a kernel that streams 256 MB
-# in and writes 33 KB, so the DRAM bytes it writes are the dirty lines the L2 held when it began.
-PROBES = {
-    "read_sum": r"""
-extern "C" __global__ void read_sum(const float4* __restrict__ x, float* out, long long n4) {
-    float acc = 0.f;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4;
-         i += (long long)gridDim.x * blockDim.x) {
-        float4 v = x[i];
-        acc += v.x + v.y + v.z + v.w;
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, offset);
-    if ((threadIdx.x & 31) == 0) out[blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32] = acc;
-}""",
-}
-
-
 def setup(name: str):
     """Compile `name`, make its inputs (fixed seed) and return (forward, kernel, min_bytes, flops)."""
     import torch
@@ -158,14 +132,9 @@ def setup(name: str):
     import cudaforge
 
     torch.manual_seed(0)
-    mod = cudaforge.compile(SOURCES[name] if name in SOURCES else PROBES[name])
+    mod = cudaforge.compile(SOURCES[name])
     kernel = mod.kernel(name)
     dev = "cuda"
-    if name == "read_sum":
-        n, blocks = 1 << 26, 132 * 8
-        x = torch.randn(n, device=dev)
-        out = torch.empty(blocks * 8, device=dev)
-        return lambda: kernel((blocks,), (256,), (x, out, n // 4)), kernel, 4 * n, None
     if name == "vector_add":
         n = 1 << 24
         a, b = torch.randn(n, device=dev), torch.randn(n, device=dev)
@@ -301,7 +270,9 @@ def paper_ncu(ncu: str, metrics: list[str], rejected: list[str]) -> dict:
     wanted = [m for m in metrics if m not in rejected]
     with tempfile.TemporaryDirectory() as build_dir:
         # ncu's defaults otherwise, as the paper's run_ncu.py leaves them
-        values, run, seconds, _ = ncu_once(ncu, wanted, "vector_add", ["--paper-child", build_dir], [])
+        values, run, seconds, _ = ncu_once(
+            ncu, wanted, "vector_add", ["--paper-child", build_dir], []
+        )
     out = {"seconds": seconds, "metrics_read": len(values), "returncode": run.returncode}
     if not values:
         out["error"] = (run.stdout + run.stderr)[-3000:]
@@ -314,7 +285,7 @@ def ours_new_candidate(repeats: int) -> list[float]:
     import torch
 
     import cudaforge
-    import cudaforge.profiling.profiler as prof
+    from cudaforge.profiling.profiler import profile_forward
 
     n = 1 << 24
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
@@ -324,7 +295,7 @@ def ours_new_candidate(repeats: int) -> list[float]:
         started = time.perf_counter()
         src = SOURCES["vector_add"] + f"\n// candidate {time.time_ns()} {i}\n"
         kernel = cudaforge.compile(src).kernel("vector_add")
-        prof.profile_forward(
+        profile_forward(
             lambda k=kernel: k(((n + 255) // 256,), (256,), (a, b, c, n)),
             kernels={"vector_add": kernel}, min_bytes=12 * n, keep_enabled=True,
         )  # fmt: skip
@@ -338,11 +309,11 @@ def diagnose() -> list[dict]:
     import torch
 
     import cudaforge
-    import cudaforge.profiling.profiler as prof
     from cudaforge import _core
+    from cudaforge.profiling.metrics import METRICS, check_metrics
 
     kernel = cudaforge.compile(SOURCES["vector_add"]).kernel("vector_add")
-    plan = prof.check_metrics(prof.METRICS, "GH100")
+    plan = check_metrics(METRICS, "GH100")
     rows = []
     for n in (1 << 24,):
         a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
@@ -389,117 +360,22 @@ def diagnose() -> list[dict]:
     return rows
 
 
-def child(name: str, flush: str | None = None) -> None:
-    """The script ncu profiles: one launch of `name`; with `flush`, cudaforge's L2Flush of that
-    method runs right before it (for ncu with --cache-control none)."""
+def child(name: str) -> None:
+    """The script ncu profiles: one launch of `name`."""
     forward, *_ = setup(name)
     import torch
 
-    if flush:
-        import cudaforge.profiling.profiler as prof
-
-        prof.l2_flush(0, flush)()
-        torch.cuda.synchronize()
     forward()
     torch.cuda.synchronize()
 
 
-READ, WRITE = "dram__bytes_read.sum", "dram__bytes_write.sum"
-DRAM_BYTES = [READ, WRITE]
-
-
-def run_ncu_same_flush(ncu: str, name: str, method: str, repeats: int) -> dict:
-    """ncu reading DRAM_BYTES (one pass) of `name` with its own cache control off and
-    cudaforge's `method` flush run in the profiled process just before the launch: both tools
-    then start from the same L2. Values are medians over `repeats` runs."""
-    options = ["--clock-control", "none", "--cache-control", "none", "--replay-mode", "kernel"]
-    runs, errors = [], []
-    for _ in range(max(1, repeats)):
-        child_args = ["--child", name, "--child-flush", method]
-        values, run, _, cmd = ncu_once(ncu, DRAM_BYTES, name, child_args, options)
-        if values:
-            runs.append(values)
-        else:
-            errors.append((run.stdout + run.stderr)[-1500:])
-    return {"values": median_values(runs), "ranges": value_ranges(runs), "errors": errors,
-            "cmd": " ".join(cmd)}  # fmt: skip
-
-
-def same_flush_rows(name: str, fidelity: list[dict], ncu_values: dict[str, float]) -> list[dict]:
-    """The DRAM byte rows of `fidelity` compared again, with ncu's values from the same flush."""
-    return [again(name, r["metric"], r["ours"], ncu_values.get(r["metric"]))
-            for r in fidelity if r["metric"] in DRAM_BYTES]  # fmt: skip
-
-
-def again(name: str, metric: str, ours: float | None, theirs: float | None) -> dict:
-    """A comparison row of other values than compare()'s (ok None where either is missing)."""
-    ok = None if ours is None or theirs is None else close(metric, ours, theirs)
-    return {"kernel": name, "metric": metric, "ours": ours, "ncu": theirs, "ok": ok}
+# ---------------------------------------------------------------- comparison
 
 
 def summarize(rows: list[dict]) -> dict:
     rows = [r for r in rows if r["ok"] is not None]
     return {"compared": len(rows), "within": sum(1 for r in rows if r["ok"]),
             "failing": [f"{r['kernel']}: {r['metric']}" for r in rows if not r["ok"]]}  # fmt: skip
-
-
-def with_rows(kernels: list[dict], key: str) -> dict:
-    """The summary over all compared values, a kernel's rows replaced by those of its `key`
-    comparison ("same_flush", "net") where it has one."""
-    rows = []
-    for k in kernels:
-        again = {r["metric"]: r for r in k.get(key, {}).get("rows", [])}
-        rows += [again.get(r["metric"], r) for r in k["fidelity"]]
-    return summarize(rows)
-
-
-
-def net_rows(name: str, fidelity: list[dict], baseline: dict) -> list[dict]:
-    """`name`'s DRAM write count with each tool's count for the baseline probe subtracted.
-
-    The probe (read_sum) streams 256 MB and writes 33 KB, so what a tool reads for it beyond
-    that is the write-back of lines left dirty in the L2 before the kernel began; a kernel that
-    also streams more than twice the L2 evicts all of them, so it pays the same write-back."""
-    row = next((r for r in fidelity if r["metric"] == WRITE), None)
-    if row is None or row["ours"] is None or row["ncu"] is None:
-        return []
-    return [again(name, WRITE, row["ours"] - baseline["ours"], row["ncu"] - baseline["ncu"])]
-
-
-def add_net_view(report: dict) -> None:
-    """Net write rows for each kernel whose inputs and outputs span more than twice the L2 (it
-    evicts every line left dirty before it began, as the probe does), and their summary."""
-    base = report.get("baseline", {})
-    if "ours" not in base:
-        return
-    for k in report["kernels"]:
-        k.pop("net", None)
-        if k["profile"].get("min_bytes", 0) > 2 * report["l2_bytes"]:
-            k["net"] = {"rows": net_rows(k["name"], k["fidelity"], base)}
-    report["summary"]["net of the baseline"] = with_rows(report["kernels"], "net")
-
-
-def measure_baseline(name: str, common: dict, repeats: int, ncu: str, ncu_metrics: list[str],
-                     cache_control: str, ncu_repeats: int) -> dict:
-    """The probe's DRAM write count under both tools, profiled as the kernels are."""
-    import cudaforge.profiling.profiler as prof
-    from cudaforge import _core
-
-    forward, kernel, min_bytes, _ = setup(name)
-    settings = {**common, "kernels": {name: kernel}, "min_bytes": min_bytes, "flops": None}
-    prof.profile_forward(forward, **settings)
-    ours = [prof.profile_forward(forward, **settings) for _ in range(max(1, repeats))]
-    ours = [k.metrics.get(WRITE) for r in ours for k in r.kernels if k.name == name]
-    _core.profiler_release()
-    theirs = [run_ncu(ncu, name, ncu_metrics, cache_control) for _ in range(max(1, ncu_repeats))]
-    theirs = [r["values"][WRITE] for r in theirs if WRITE in r.get("values", {})]
-    if not ours or not theirs or None in ours:
-        return {"name": name, "error": f"no {WRITE}: cudaforge {ours}, ncu {theirs}"}
-    return {"name": name, "ours": statistics.median(ours), "ncu": statistics.median(theirs),
-            "ours_range": [min(ours), max(ours)], "ncu_range": [min(theirs), max(theirs)]}  # fmt: skip
-
-
-# ---------------------------------------------------------------- comparison
 
 
 def close(name: str, ours: float, theirs: float) -> bool:
@@ -567,7 +443,8 @@ def record_fixture(path: str) -> None:
     import torch
 
     import cudaforge
-    import cudaforge.profiling.profiler as prof
+    from cudaforge.profiling.metrics import METRICS
+    from cudaforge.profiling.profiler import profile_forward
 
     mod = cudaforge.compile(SOURCES["vector_add"] + SOURCES["matmul_naive"])
     n, m = 1 << 25, 1024
@@ -581,9 +458,9 @@ def record_fixture(path: str) -> None:
         mod.matmul_naive((m // 16, m // 16), (16, 16), (x, y, z, m))
         return z * 2.0  # a PyTorch kernel beside the candidate's own
 
-    result = prof.profile_forward(
+    result = profile_forward(
         forward,
-        metrics=[*prof.METRICS, "sm__throughput.avg.pct_of_peak_sustained_elapsed"],
+        metrics=[*METRICS, "sm__throughput.avg.pct_of_peak_sustained_elapsed"],
         kernels={"vector_add": mod.vector_add, "matmul_naive": mod.matmul_naive},
         resources=mod.resources,
         min_bytes=12 * n + 12 * m * m + 8 * m * m,
@@ -612,7 +489,6 @@ def markdown(report: dict) -> str:
             f"before each pass: {report.get('l2_flush') or '-'}); clocks not locked on either side."
         ),
         "",
-        *([f"Analysis made again {report['reanalyzed']}.", ""] if "reanalyzed" in report else []),
         "## Latency (full 24-metric profile of one kernel)",
         "",
         (
@@ -672,110 +548,7 @@ def markdown(report: dict) -> str:
             f"median speedup {s['median_speedup']}x."
         ),
     ]
-    same = [k for k in report["kernels"] if "same_flush" in k]
-    if same:
-        m = s["same flush"]
-        lines += [
-            "",
-            "## DRAM bytes with the same L2 flush on both sides",
-            "",
-            (
-                "ncu with --cache-control none, one pass of the two DRAM byte counts, cudaforge's "
-                f"{report['l2_flush_methods'][0]} flush run in the profiled process just before the "
-                "launch; cudaforge's values as above. ncu's own cache control leaves dirty lines "
-                "that the profiled kernel writes back (benchmarks/dram_writes.py, read_sum)."
-            ),
-            "",
-            (
-                "| kernel | metric | cudaforge | ncu, its flush | ncu, cudaforge's flush | ok | "
-                "ncu range |"
-            ),
-            "| --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for k in same:
-            own = {r["metric"]: r["ncu"] for r in k["fidelity"]}
-            for row in k["same_flush"]["rows"]:
-                cells = [row["ours"], own.get(row["metric"]), row["ncu"]]
-                cells = " | ".join("-" if c is None else f"{c:.6g}" for c in cells)
-                ok = {True: "yes", False: "**no**", None: "n/a"}[row["ok"]]
-                spread = span(k["same_flush"]["ranges"].get(row["metric"]))
-                lines.append(f"| {k['name']} | {row['metric']} | {cells} | {ok} | {spread} |")
-        outside = ", ".join(m["failing"]) or "none"
-        lines += ["", (f"With the same flush for the DRAM byte counts: {m['within']} of "
-                       f"{m['compared']} compared values within tolerance; outside: {outside}.")]  # fmt: skip
-    base = report.get("baseline")
-    if base:
-        lines += ["", "## DRAM writes net of each tool's baseline", ""]
-        if base.get("error"):
-            lines.append(f"Baseline probe {base['name']}: {base['error']}")
-        else:
-            m = s["net of the baseline"]
-            lines += [
-                (
-                    f"Baseline probe {base['name']} (streams 256 MB, writes 33 KB): cudaforge "
-                    f"{base['ours']:.6g} ({span(base['ours_range'])}), ncu {base['ncu']:.6g} "
-                    f"({span(base['ncu_range'])}) bytes written. Subtracted from the "
-                    f"{WRITE} of each kernel whose inputs and outputs span more than twice the L2 "
-                    "(it evicts every line left dirty before it began, as the probe does)."
-                ),
-                "",
-                "| kernel | cudaforge net | ncu net | ok |",
-                "| --- | --- | --- | --- |",
-            ]
-            for k in report["kernels"]:
-                for row in k.get("net", {}).get("rows", []):
-                    ok = "yes" if row["ok"] else "**no**"
-                    lines.append(f"| {k['name']} | {row['ours']:.6g} | {row['ncu']:.6g} | {ok} |")
-            outside = ", ".join(m["failing"]) or "none"
-            lines += ["", (f"With these net write counts: {m['within']} of {m['compared']} "
-                           f"compared values within tolerance; outside: {outside}.")]  # fmt: skip
-    methods = report.get("l2_flush_methods") or []
-    if len(methods) > 1:
-        text = report["l2_flush_descriptions"]
-        lines += ["", "## L2 flush methods (same ncu values)", ""]
-        for method in methods:
-            m = s if method == methods[0] else s[f"with the {method} flush"]
-            outside = ", ".join(m["failing"]) or "none"
-            lines.append(f"- {method} ({text[method]}): {m['within']} of {m['compared']} within; "
-                         f"outside: {outside}")  # fmt: skip
-        lines += ["", "| kernel | metric | ncu | " + " | ".join(methods) + " |",
-                  "| --- | --- | --- | " + " | ".join("---" for _ in methods) + " |"]  # fmt: skip
-        for k in report["kernels"]:
-            by = {methods[0]: k["fidelity"], **k.get("fidelity_by_flush", {})}
-            for i, row in enumerate(k["fidelity"]):
-                if not row["metric"].startswith("dram__bytes"):
-                    continue
-                cells = []
-                for method in methods:
-                    r = by[method][i]
-                    value = "-" if r["ours"] is None else f"{r['ours']:.6g}"
-                    cells.append(value + (" (**no**)" if r["ok"] is False else ""))
-                theirs = "-" if row["ncu"] is None else f"{row['ncu']:.6g}"
-                cells = " | ".join(cells)
-                lines.append(f"| {k['name']} | {row['metric']} | {theirs} | {cells} |")
     return "\n".join(lines) + "\n"
-
-
-def reanalyze(path: str, out: str, l2_bytes: int | None) -> int:
-    """The summaries and report of a saved profile_vs_ncu.json made again, with this script's
-    analysis (no GPU needed); written under `out`."""
-    try:
-        report = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        print(f"cannot read {path} as a profile_vs_ncu.json: {exc}", file=sys.stderr)
-        return 2
-    report.setdefault("l2_bytes", l2_bytes)
-    if report["l2_bytes"] is None:
-        print(f"{path} does not give the L2 size: pass --l2-bytes", file=sys.stderr)
-        return 2
-    report["summary"].update(summarize([r for k in report["kernels"] for r in k["fidelity"]]))
-    add_net_view(report)
-    report["reanalyzed"] = f"from {path}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "profile_vs_ncu.json").write_text(json.dumps(report, indent=1) + "\n")
-    (Path(out) / "profile_vs_ncu.md").write_text(markdown(report))
-    print(markdown(report))
-    return 0
 
 
 def main() -> int:
@@ -785,33 +558,26 @@ def main() -> int:
     parser.add_argument("--ncu")
     parser.add_argument("--ncu-cache-control", default="all", choices=["all", "none"])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--l2-flush", default=None)
     parser.add_argument("--ncu-repeats", type=int, default=1)
     parser.add_argument("--record-fixture")
     parser.add_argument("--paper-ncu", action="store_true")
     parser.add_argument("--diagnose", action="store_true")
-    parser.add_argument("--same-flush", action="store_true")
-    parser.add_argument("--baseline", default="read_sum")
-    parser.add_argument("--from-json")
-    parser.add_argument("--l2-bytes", type=int)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--child-flush", help=argparse.SUPPRESS)
     parser.add_argument("--paper-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.child_flush)
+        child(args.child)
         return 0
     if args.paper_child:
         paper_child(args.paper_child)
         return 0
-    if args.from_json:
-        return reanalyze(args.from_json, args.out, args.l2_bytes)
 
     import torch
 
-    import cudaforge.profiling.profiler as prof
     from cudaforge import _core
-    from cudaforge.errors import CudaforgeError
+    from cudaforge.profiling.l2_flush import l2_flush
+    from cudaforge.profiling.metrics import METRICS, check_metrics
+    from cudaforge.profiling.profiler import profile_forward
 
     if args.record_fixture:
         record_fixture(args.record_fixture)
@@ -822,39 +588,23 @@ def main() -> int:
             [ncu, "--version"], check=False, capture_output=True, text=True
         ).stdout
         ncu_version = ncu_version.strip().splitlines()[-1] if ncu_version.strip() else "?"
-    methods = (args.l2_flush or prof.L2_FLUSH_METHOD).split(",")
-    unknown = [m for m in methods if m not in prof.L2_FLUSH_METHODS]
-    if unknown:
-        known = sorted(prof.L2_FLUSH_METHODS)
-        parser.error(f"--l2-flush: unknown method(s) {unknown}; known: {known}")
-    plan = prof.check_metrics(prof.METRICS, "GH100")
+    flush_l2 = args.ncu_cache_control == "all"
+    plan = check_metrics(METRICS, "GH100")
     # the paper's list as ncu takes it, plus the stand-ins we collect for the names GH100 lacks
-    ncu_metrics = [*prof.METRICS, *plan.substitutes.values()]
+    ncu_metrics = [*METRICS, *plan.substitutes.values()]
     report = {
         "device": torch.cuda.get_device_name(0),
         "ncu": ncu,
         "ncu_version": ncu_version,
         "ncu_cache_control": args.ncu_cache_control,
-        "l2_flush": prof.L2_FLUSH_METHODS[methods[0]] if args.ncu_cache_control == "all" else None,
+        "l2_flush": l2_flush(0).description if flush_l2 else None,
         "repeats": args.repeats,
         "ncu_repeats": max(1, args.ncu_repeats),
-        "l2_flush_methods": methods if args.ncu_cache_control == "all" else [],
-        "l2_flush_descriptions": {m: prof.L2_FLUSH_METHODS[m] for m in methods},
         "plan": plan.to_dict(),
         "kernels": [],
     }
     if args.diagnose:
         report["diagnose"] = diagnose()
-    report["l2_bytes"] = torch.cuda.get_device_properties(0).L2_cache_size
-    if ncu and args.baseline and args.ncu_cache_control == "all":
-        common = {"keep_enabled": True, "flush_l2": True, "l2_flush_method": methods[0]}
-        try:
-            report["baseline"] = measure_baseline(args.baseline, common, args.repeats, ncu,
-                                                  ncu_metrics, "all", args.ncu_repeats)  # fmt: skip
-        except (CudaforgeError, RuntimeError, KeyError) as exc:  # the comparison goes on without it
-            traceback.print_exc()
-            report["baseline"] = {"name": args.baseline, "error": f"{type(exc).__name__}: {exc}"}
-        print(f"baseline: {report['baseline']}", flush=True)
     for name in args.kernels.split(","):
         forward, kernel, min_bytes, flops = setup(name)
         # as in a warm worker: the Range Profiler stays enabled between profiles
@@ -863,14 +613,13 @@ def main() -> int:
             "min_bytes": min_bytes,
             "flops": flops,
             "keep_enabled": True,
-            "flush_l2": args.ncu_cache_control == "all",
-            "l2_flush_method": methods[0],
+            "flush_l2": flush_l2,
         }
-        prof.profile_forward(forward, **common)  # warm: compile, contexts, ceilings, host objects
+        profile_forward(forward, **common)  # warm: compile, contexts, ceilings, host objects
         runs, range_s, results = [], [], []
         for _ in range(args.repeats):
             started = time.perf_counter()
-            result = prof.profile_forward(forward, **common)
+            result = profile_forward(forward, **common)
             runs.append(time.perf_counter() - started)
             range_s.append(result.profile_s)
             results.append(result)
@@ -886,14 +635,6 @@ def main() -> int:
             },
             "ours_ranges": entry_ranges,
         }
-        # the other flush methods, on the same kernel and inputs, compared with the same ncu run
-        others = {}
-        for method in report["l2_flush_methods"][1:]:
-            flushed = [
-                prof.profile_forward(forward, **{**common, "l2_flush_method": method})
-                for _ in range(max(1, args.repeats))
-            ]
-            others[method] = median_profile(flushed, name)[0]
         if ncu:
             # the kept Range Profiler holds the GPU's counters: ncu would be refused
             _core.profiler_release()
@@ -911,16 +652,6 @@ def main() -> int:
             entry["fidelity"] = compare(name, result, got.get("values", {}), plan)
         else:
             entry["fidelity"] = compare(name, result, {}, plan)
-        if ncu and args.same_flush and args.ncu_cache_control == "all":
-            same = run_ncu_same_flush(ncu, name, methods[0], args.ncu_repeats)
-            same["rows"] = same_flush_rows(name, entry["fidelity"], same["values"])
-            entry["same_flush"] = same
-            for error in same["errors"]:
-                print(f"{name}: ncu with cudaforge's flush gave no values: {error}", flush=True)
-        entry["fidelity_by_flush"] = {
-            method: compare(name, other, entry["ncu_values"] if ncu else {}, plan)
-            for method, other in others.items()
-        }
         report["kernels"].append(entry)
         print(f"{name}: ours {entry['latency']['ours_s']:.3f} s, ncu "
               f"{entry['latency'].get('ncu_s', float('nan')):.2f} s, range profiler phases "
@@ -941,12 +672,6 @@ def main() -> int:
         **summarize([r for k in report["kernels"] for r in k["fidelity"]]),
         "median_speedup": round(statistics.median(speedups), 1) if speedups else None,
     }
-    for method in report["l2_flush_methods"][1:]:
-        rows = [r for k in report["kernels"] for r in k["fidelity_by_flush"][method]]
-        report["summary"][f"with the {method} flush"] = summarize(rows)
-    add_net_view(report)
-    if any("same_flush" in k for k in report["kernels"]):
-        report["summary"]["same flush"] = with_rows(report["kernels"], "same_flush")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_vs_ncu.json").write_text(json.dumps(report, indent=1, default=str) + "\n")

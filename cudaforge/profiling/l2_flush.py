@@ -30,7 +30,7 @@ L2_FLUSH_METHODS = {
 # sm_80, or without NVRTC). Discard is the default for the measurement's sake, not to agree with
 # ncu: the dirty lines the read method leaves are written back by the next kernel, in its time
 # and in its dram__bytes_write.sum, which the Judge reads (on the H200 a matmul whose data fits
-# in the L2 read as 9-12 KB written after the read flush, 0 after discard).
+# in the L2 read as 2.8-11.8 KB written after the read flush, 0 after discard).
 L2_FLUSH_METHOD = "discard"
 
 
