@@ -1,5 +1,5 @@
 /* loader.c: libcuda, libnvrtc and libcupti are opened with dlopen on first use, so that the module
- * imports on a machine without a GPU or a toolkit. The Python side (cudaforge/_libs.py) decides
+ * imports on a machine without a GPU or a toolkit. The Python side (cudaforge/cuda/libs.py) decides
  * where to look; this file opens the first candidate that loads and fills the function tables. */
 #include "cudaforge.h"
 
