@@ -1,6 +1,6 @@
 /* compile.c: CUDA C++ source -> cubin (and PTX) with NVRTC, in-process. The GIL is released
  * during the compilation, so several threads can compile at once. Caching is done by the caller
- * (cudaforge/kernel.py), keyed by what determines the output. */
+ * (cudaforge/cuda/kernel.py), keyed by what determines the output. */
 #include "cudaforge.h"
 
 /* Find the first "NAME(LINE): error" in an NVRTC log. Returns the line number (0 if none) and

@@ -40,6 +40,8 @@ typedef struct {
     PyObject *str_data_ptr;
     PyObject *str_get_device;
     PyObject *str_cuda_stream;
+    /* libcurl's global init, undone when this capsule goes with the module (http.c) */
+    PyObject *curl_global;
 } cf_state;
 
 cf_state *cf_get_state(PyObject *module);
@@ -67,6 +69,9 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(cuCtxSetCurrent, 4000)                                                                       \
     X(cuCtxGetDevice, 2000)                                                                        \
     X(cuCtxSynchronize, 2000)                                                                      \
+    X(cuCtxGetLimit, 3010)                                                                         \
+    X(cuCtxSetLimit, 3010)                                                                         \
+    X(cuCtxResetPersistingL2Cache, 11000)                                                          \
     X(cuModuleLoadData, 2000)                                                                      \
     X(cuModuleUnload, 2000)                                                                        \
     X(cuModuleGetFunction, 2000)                                                                   \
@@ -77,6 +82,8 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050)                                           \
     X(cuStreamSynchronize, 2000)                                                                   \
     X(cuStreamQuery, 2000)                                                                         \
+    X(cuStreamGetAttribute, 11000)                                                                 \
+    X(cuStreamSetAttribute, 11000)                                                                 \
     X(cuMemGetInfo, 3020)                                                                          \
     X(cuMemsetD32Async, 3020)
 
@@ -97,7 +104,7 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(nvrtcAddNameExpression)                                                                      \
     X(nvrtcGetLoweredName)
 
-/* CUPTI: timing.c and metrics.c add the names they use here. */
+/* CUPTI: timing.c and the profiler files add the names they use here. */
 #define CF_CUPTI_API(X)                                                                            \
     X(cuptiGetVersion)                                                                             \
     X(cuptiGetResultString)                                                                        \
@@ -109,7 +116,7 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(cuptiActivityFlushAll)                                                                       \
     X(cuptiActivityGetNextRecord)                                                                  \
     X(cuptiActivityGetNumDroppedRecords)                                                           \
-    /* metrics.c */                                                                                \
+    /* profiler_host.c, profiler_range.c */                                                        \
     X(cuptiProfilerInitialize)                                                                     \
     X(cuptiProfilerDeviceSupported)                                                                \
     X(cuptiDeviceGetChipName)                                                                      \
@@ -165,7 +172,18 @@ int cf_ensure_context(cf_state *st, int device, CUdevice *device_out);
 
 int cf_raise_cu(cf_state *st, CUresult status, const char *call, const char *file, int line);
 int cf_raise_nvrtc(cf_state *st, nvrtcResult status, const char *call, const char *file, int line);
+/* ProfilerError with .reason: insufficient_privileges, another_subscriber, unsupported_device
+ * (each with the way out in the message) or cupti_error. */
 int cf_raise_cupti(cf_state *st, CUptiResult status, const char *call, const char *file, int line);
+/* HTTPError (status None, body '', .url, .curl_code, .retryable for the failures worth another
+ * try) for a failed libcurl call: `what` failed ("POST <url>" or the call), `detail` is curl's
+ * error buffer or our own reason (may be NULL); `file` NULL leaves the call site out. */
+int cf_raise_curl(cf_state *st, int code, const char *what, const char *detail, const char *url,
+                  const char *file, int line);
+/* CUPTI's name of a status ("CUPTI_ERROR_INVALID_METRIC_NAME"), for messages. */
+const char *cf_cupti_text(CUptiResult status);
+/* ProfilerError with a reason of our own (busy, incomplete, unsupported_device). */
+int cf_raise_profiler(cf_state *st, const char *reason, const char *msg);
 /* Set `type` with message `msg` and keyword attributes from `attrs` (a dict, may be NULL). */
 int cf_raise_with(PyObject *type, const char *msg, PyObject *attrs);
 /* True for errors after which the context is unusable (illegal address, trap, ...). */
@@ -212,14 +230,13 @@ int cf_is_sticky(CUresult status);
         }                                                                                          \
     } while (0)
 
-/* libcurl (http.c). The header does not include curl.h: `code` is a CURLcode, 0 is CURLE_OK. */
-int cf_raise_curl(cf_state *st, int code, const char *call, const char *file, int line);
-
+/* libcurl (http.c). The header does not include curl.h: the status is a CURLcode, 0 is
+ * CURLE_OK. */
 #define CF_CURL(call)                                                                              \
     do {                                                                                           \
         int cf_status_ = (int)(call);                                                              \
         if (cf_status_ != 0) {                                                                     \
-            cf_raise_curl(st, cf_status_, #call, __FILE__, __LINE__);                              \
+            cf_raise_curl(st, cf_status_, #call, NULL, "", __FILE__, __LINE__);                    \
             goto error;                                                                            \
         }                                                                                          \
     } while (0)
@@ -237,6 +254,35 @@ int cf_raise_curl(cf_state *st, int code, const char *call, const char *file, in
         }                                                                                          \
     } while (0)
 
+/* ---------------------------------------------------------------- kernel arguments (args.c) */
+
+#define CF_MAX_PARAMS 64
+#define CF_MAX_PARAM_BYTES 4096
+
+/* A kernel's parameters: one type code each from the source's signature ('?' where it is not
+ * known), and each one's offset and size in the parameter buffer, from the binary. */
+typedef struct {
+    char codes[CF_MAX_PARAMS + 1];
+    int n_params; /* -1 until the binary was read */
+    size_t offset[CF_MAX_PARAMS];
+    size_t size[CF_MAX_PARAMS];
+} cf_params;
+
+/* Take the type codes from `codes` (a str, or None: all from the binary); ValueError if one is
+ * not a known code. Resets n_params to -1. */
+int cf_params_set_codes(cf_params *p, PyObject *codes);
+/* Once the binary shows n parameters (offsets and sizes filled): TypeError naming `kernel` when
+ * the declared codes are another number of them. */
+int cf_params_check_count(cf_params *p, int n, const char *kernel);
+/* The device of the first torch tensor among `items`, -1 when there is none. */
+int cf_args_device(cf_state *st, PyObject *const *items, Py_ssize_t n, long *device);
+/* Convert `items` into the bytes of the parameters, in `buffer` (CF_MAX_PARAM_BYTES), with
+ * params[i] pointing at parameter i: tensors must be on `dev`; ints must fit their parameter.
+ * Errors name the argument (by `param_names`, a tuple of str) and the kernel. */
+int cf_pack_args(cf_state *st, const cf_params *p, PyObject *kernel, PyObject *param_names,
+                 PyObject *const *items, Py_ssize_t n, CUdevice dev, unsigned char *buffer,
+                 void **params);
+
 /* ---------------------------------------------------------------- CUPTI activity (timing.c) */
 
 /* One kernel execution as seen by the activity API, copied out of CUPTI's buffers. */
@@ -251,15 +297,42 @@ typedef struct {
     uint16_t registers;
 } cf_kernel_record;
 
-/* For metrics.c, which names the ranges of a profile by tracing the same launches: start a
+/* For profiler_range.c, which names the ranges of a profile by tracing the same launches: start a
  * trace (-1 with ProfilerError set if a trace is already running or CUPTI refuses), and stop it,
  * handing over a malloc'ed array of records sorted by correlation id (free with free()). */
 int cf_trace_begin(cf_state *st);
 int cf_trace_end(cf_state *st, cf_kernel_record **records, size_t *count, uint64_t *dropped);
 
-/* metrics.c: after a CF_CUPTI failure, rewrite the pending ProfilerError's message with the way
- * out (the privileges knob, the other subscriber, ...) and set .reason accordingly. */
-void cf_cupti_explain(cf_state *st);
+/* ---------------------------------------------------------------- the Profiler type */
+
+/* cudaforge._core.Profiler: a metric list made ready by CUPTI's profiler host API
+ * (profiler_host.c: names, config image, passes; no GPU needed), bound to a device and run by the
+ * Range Profiler (profiler_range.c). */
+typedef struct {
+    PyObject_HEAD PyObject *chip; /* str */
+    PyObject *metrics;            /* tuple of str: the names the host API accepted, in order */
+    PyObject *unsupported;        /* dict: name -> reason, for every name it did not accept */
+    PyObject *last_run;           /* dict about the last profile() call, or None */
+    int device;                   /* -1: offline (host API only) */
+    CUpti_Profiler_Host_Object *host;
+    uint8_t *config;
+    size_t config_size;
+    uint64_t config_id; /* a process-unique number of this config image (0: none yet) */
+    size_t passes;
+    uint8_t *availability;
+    const char **names; /* UTF-8 of the items of `metrics`, owned by them */
+    size_t n_names;
+} cf_profiler;
+
+/* profiler_device.c: bind `p` to the current context's device (`device`, or any when -1):
+ * CUPTI's profiler initialized, the device checked, p->device, p->chip and p->availability (the
+ * counter availability image) set. */
+int cf_profiler_bind_device(cf_state *st, cf_profiler *p, int device);
+/* profiler_range.c: the Profiler.profile(fn, ...) method. */
+PyObject *cf_profiler_profile(PyObject *self, PyObject *args, PyObject *kwargs);
+/* profiler_range.c: disable the Range Profiler kept enabled by profile(keep=True): 1 if there was
+ * one, 0 if not, -1 with RuntimeError(busy) while a profile runs. */
+int cf_profiler_release_kept(const char *busy);
 
 /* ---------------------------------------------------------------- one exec per file */
 
@@ -267,11 +340,10 @@ int cf_errors_exec(PyObject *m);
 int cf_loader_exec(PyObject *m);
 int cf_compile_exec(PyObject *m);
 int cf_launch_exec(PyObject *m);
+int cf_device_exec(PyObject *m);
 int cf_timing_exec(PyObject *m);
-int cf_metrics_exec(PyObject *m);
+int cf_profiler_host_exec(PyObject *m);
+int cf_profiler_range_exec(PyObject *m);
 int cf_http_exec(PyObject *m);
-
-/* Module teardown hooks for files that hold library-side state. */
-void cf_http_free(void);
 
 #endif /* CUDAFORGE_H */

@@ -1,6 +1,11 @@
 /* errors.c: the exception hierarchy of cudaforge, and the only code that turns a library status
- * (CUresult, nvrtcResult, CUptiResult) into a Python exception carrying the evidence. */
+ * (CUresult, nvrtcResult, CUptiResult, CURLcode) into a Python exception carrying the evidence:
+ * one cf_raise_* per library, with the library's own words, the call site, and where the status
+ * is one a user can act on (counters need admin rights, another profiler is attached, a network
+ * failure worth retrying) the reason and the way out. */
 #include "cudaforge.h"
+
+#include <curl/curl.h>
 
 static PyObject *new_exception(PyObject *m, const char *name, const char *doc, PyObject *base1,
                                PyObject *base2)
@@ -149,30 +154,120 @@ int cf_raise_nvrtc(cf_state *st, nvrtcResult status, const char *call, const cha
     return raise_status(st->CudaforgeError, (long)status, name, "NVRTC", call, file, line);
 }
 
-int cf_raise_cupti(cf_state *st, CUptiResult status, const char *call, const char *file, int line)
+/* ---------------------------------------------------------------- CUPTI */
+
+/* What a CUPTI status means for the user: the .reason of the ProfilerError and, for the statuses
+ * they can act on, the way out appended to the message (NULL: CUPTI's words say it all). */
+static const char *cupti_reason(CUptiResult status, const char **advice)
+{
+    *advice = NULL;
+    switch (status) {
+    case CUPTI_ERROR_INSUFFICIENT_PRIVILEGES:
+    case CUPTI_ERROR_VIRTUALIZED_DEVICE_INSUFFICIENT_PRIVILEGES:
+        *advice = "reading GPU performance counters needs admin rights here: the NVIDIA driver "
+                  "restricts them (NVreg_RestrictProfilingToAdminUsers=1, seen as "
+                  "RmProfilingAdminOnly: 1 in /proc/driver/nvidia/params). Run as root, with "
+                  "CAP_SYS_ADMIN (or CAP_PERFMON from driver R565), or load the driver with "
+                  "'options nvidia NVreg_RestrictProfilingToAdminUsers=0' (modprobe.d, then "
+                  "reload or reboot). Kernel timing (CUPTI activity) does not need these rights";
+        return "insufficient_privileges";
+    case CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
+        *advice = "another CUPTI client is attached to this process (torch.profiler/Kineto while "
+                  "it records, Nsight Systems, Nsight Compute, compute-sanitizer) and CUPTI "
+                  "allows one: finish or detach that tool, or profile in a process of its own";
+        return "another_subscriber";
+    case CUPTI_ERROR_OLD_PROFILER_API_INITIALIZED:
+        *advice = "this process already used the pre-13 CUPTI profiler API (another tool): the "
+                  "Range Profiler cannot run beside it; profile in a process of its own";
+        return "another_subscriber";
+    case CUPTI_ERROR_VIRTUALIZED_DEVICE_NOT_SUPPORTED:
+    case CUPTI_ERROR_CONFIDENTIAL_COMPUTING_NOT_SUPPORTED:
+    case CUPTI_ERROR_CMP_DEVICE_NOT_SUPPORTED:
+    case CUPTI_ERROR_NOT_SUPPORTED:
+    case CUPTI_ERROR_LEGACY_PROFILER_NOT_SUPPORTED:
+        *advice = "this GPU or its configuration (vGPU, confidential computing, MIG, WSL, CMP) "
+                  "gives no performance counters to CUPTI";
+        return "unsupported_device";
+    default:
+        return "cupti_error";
+    }
+}
+
+const char *cf_cupti_text(CUptiResult status)
 {
     const char *text = NULL;
     if (cf_cupti.cuptiGetResultString == NULL ||
-        cf_cupti.cuptiGetResultString(status, &text) != CUPTI_SUCCESS)
+        cf_cupti.cuptiGetResultString(status, &text) != CUPTI_SUCCESS || text == NULL)
         text = "CUPTI_ERROR_UNKNOWN";
-    char fn[96], msg[768], reason[64];
+    return text;
+}
+
+int cf_raise_cupti(cf_state *st, CUptiResult status, const char *call, const char *file, int line)
+{
+    const char *text = cf_cupti_text(status), *advice;
+    const char *reason = cupti_reason(status, &advice);
+    char fn[96], msg[1536];
     call_name(call, fn, sizeof fn);
-    snprintf(msg, sizeof msg, "%s failed: %s [%s:%d]", fn, text, file, line);
-    switch (status) {
-    case CUPTI_ERROR_INSUFFICIENT_PRIVILEGES:
-        snprintf(reason, sizeof reason, "insufficient_privileges");
-        break;
-    case CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
-        snprintf(reason, sizeof reason, "another_subscriber");
-        break;
-    default:
-        snprintf(reason, sizeof reason, "cupti_error");
-    }
+    snprintf(msg, sizeof msg, "%s failed: %s [%s:%d]%s%s", fn, text, file, line, advice ? ": " : "",
+             advice ? advice : "");
     PyObject *attrs = Py_BuildValue("{s:l,s:s,s:s,s:s}", "code", (long)status, "name", text, "call",
                                     fn, "reason", reason);
     if (attrs == NULL)
         return -1;
     cf_raise_with(st->ProfilerError, msg, attrs);
+    Py_DECREF(attrs);
+    return -1;
+}
+
+int cf_raise_profiler(cf_state *st, const char *reason, const char *msg)
+{
+    PyObject *attrs = Py_BuildValue("{s:s}", "reason", reason);
+    if (attrs == NULL)
+        return -1;
+    cf_raise_with(st->ProfilerError, msg, attrs);
+    Py_DECREF(attrs);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- libcurl */
+
+/* Failures where the same request may succeed a moment later. */
+static int curl_retryable(CURLcode code)
+{
+    switch (code) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int cf_raise_curl(cf_state *st, int code, const char *what, const char *detail, const char *url,
+                  const char *file, int line)
+{
+    char msg[CURL_ERROR_SIZE + 1536], where[160] = "";
+    int has_detail = detail != NULL && detail[0] != '\0';
+    if (file != NULL)
+        snprintf(where, sizeof where, " [%s:%d]", file, line);
+    snprintf(msg, sizeof msg, "%s failed: %s%s%s%s (CURLcode %d)%s", what,
+             curl_easy_strerror((CURLcode)code), has_detail ? " (" : "", has_detail ? detail : "",
+             has_detail ? ")" : "", code, where);
+    PyObject *attrs =
+        Py_BuildValue("{s:O,s:s,s:O,s:s,s:i}", "status", Py_None, "body", "", "retryable",
+                      curl_retryable((CURLcode)code) ? Py_True : Py_False, "url", url ? url : "",
+                      "curl_code", code);
+    if (attrs == NULL)
+        return -1;
+    cf_raise_with(st->HTTPError, msg, attrs);
     Py_DECREF(attrs);
     return -1;
 }

@@ -1,4 +1,4 @@
-/* http.c: HTTP POST with libcurl, for the LLM clients (cudaforge/llm.py).
+/* http.c: HTTP POST with libcurl, for the LLM clients (cudaforge/agents/providers.py).
  *
  * One easy handle per request, so several Python threads can post at once. The GIL is released
  * for the whole transfer and taken back only a few times a second, to let Ctrl-C interrupt a long
@@ -16,11 +16,6 @@
 #define HTTP_MAX_RESPONSE_BYTES ((size_t)64 * 1024 * 1024)
 /* How often a blocked transfer looks for a pending signal (KeyboardInterrupt), in ns. */
 #define HTTP_SIGNAL_CHECK_NS 200000000LL
-
-/* curl_global_init calls not yet matched by curl_global_cleanup. libcurl's global state is
- * process-wide, so this count is the one global outside the module state; it is only touched
- * at module exec and free, with the GIL held. */
-static int curl_inits;
 
 typedef struct {
     char *data;
@@ -109,46 +104,6 @@ static int on_progress(void *clientp, curl_off_t dltotal, curl_off_t dlnow, curl
     return 0;
 }
 
-/* Failures where the same request may succeed a moment later. */
-static int is_retryable(CURLcode code)
-{
-    switch (code) {
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_CONNECT:
-    case CURLE_OPERATION_TIMEDOUT:
-    case CURLE_SEND_ERROR:
-    case CURLE_RECV_ERROR:
-    case CURLE_GOT_NOTHING:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-static int raise_http_error(cf_state *st, const char *msg, const char *url, int code, int retryable)
-{
-    PyObject *attrs =
-        Py_BuildValue("{s:O,s:s,s:O,s:s,s:i}", "status", Py_None, "body", "", "retryable",
-                      retryable ? Py_True : Py_False, "url", url, "curl_code", code);
-    if (attrs == NULL)
-        return -1;
-    cf_raise_with(st->HTTPError, msg, attrs);
-    Py_DECREF(attrs);
-    return -1;
-}
-
-int cf_raise_curl(cf_state *st, int code, const char *call, const char *file, int line)
-{
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s failed: %s (CURLcode %d) [%s:%d]", call,
-             curl_easy_strerror((CURLcode)code), code, file, line);
-    return raise_http_error(st, msg, "", code, 0);
-}
-
 /* The error of a failed curl_easy_perform: what failed, curl's detail, and the URL (never the
  * headers: they hold the API key). */
 static int raise_transfer_error(cf_state *st, const transfer *t, CURLcode code, const char *errbuf,
@@ -160,15 +115,12 @@ static int raise_transfer_error(cf_state *st, const transfer *t, CURLcode code, 
         PyErr_NoMemory();
         return -1;
     }
-    char msg[CURL_ERROR_SIZE + 1024];
+    char what[1024], too_large[96];
+    snprintf(what, sizeof what, "POST %s", url);
     if (t->too_large)
-        snprintf(msg, sizeof msg, "POST %s: the response passed %zu MiB; refusing to read more",
-                 url, HTTP_MAX_RESPONSE_BYTES >> 20);
-    else
-        snprintf(msg, sizeof msg, "POST %s failed: %s%s%s%s (CURLcode %d)", url,
-                 curl_easy_strerror(code), errbuf[0] ? " (" : "", errbuf, errbuf[0] ? ")" : "",
-                 (int)code);
-    return raise_http_error(st, msg, url, (int)code, !t->too_large && is_retryable(code));
+        snprintf(too_large, sizeof too_large, "the response passed %zu MiB; refusing to read more",
+                 HTTP_MAX_RESPONSE_BYTES >> 20);
+    return cf_raise_curl(st, (int)code, what, t->too_large ? too_large : errbuf, url, NULL, 0);
 }
 
 /* Append one "Name: value" line, refusing line breaks (they would inject headers). */
@@ -348,7 +300,7 @@ static PyObject *http_post(PyObject *module, PyObject *args, PyObject *kwargs)
     long status = 0;
     CURL *curl = curl_easy_init();
     if (curl == NULL) {
-        raise_http_error(st, "curl_easy_init failed (out of memory?)", url, 0, 0);
+        cf_raise_curl(st, CURLE_OUT_OF_MEMORY, "curl_easy_init", NULL, url, __FILE__, __LINE__);
         goto error;
     }
     if (build_headers(headers, &header_list) < 0)
@@ -417,22 +369,27 @@ static PyMethodDef http_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The capsule's pointer: libcurl's global state has no handle of its own. */
+static char curl_global_state;
+
+static void curl_global_release(PyObject *capsule)
+{
+    (void)capsule;
+    curl_global_cleanup(); /* libcurl counts its inits: this undoes one */
+}
+
 int cf_http_exec(PyObject *m)
 {
     cf_state *st = cf_get_state(m);
-    if (curl_inits == 0) {
-        CURLcode code = curl_global_init(CURL_GLOBAL_DEFAULT);
-        if (code != CURLE_OK) {
-            cf_raise_curl(st, (int)code, "curl_global_init", __FILE__, __LINE__);
-            return -1;
-        }
-    }
-    curl_inits++;
-    return PyModule_AddFunctions(m, http_methods);
-}
-
-void cf_http_free(void)
-{
-    if (curl_inits > 0 && --curl_inits == 0)
+    CURLcode code = curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (code != CURLE_OK)
+        return cf_raise_curl(st, (int)code, "curl_global_init", NULL, "", __FILE__, __LINE__);
+    /* held by the module state: clearing it at module teardown ends this init */
+    st->curl_global =
+        PyCapsule_New(&curl_global_state, "cudaforge._core.curl_global", curl_global_release);
+    if (st->curl_global == NULL) {
         curl_global_cleanup();
+        return -1;
+    }
+    return PyModule_AddFunctions(m, http_methods);
 }

@@ -13,8 +13,6 @@
 #endif
 
 #define CF_MAX_DEVICES 64
-#define CF_MAX_PARAMS 64
-#define CF_MAX_PARAM_BYTES 4096
 
 /* ---------------------------------------------------------------- Module: one image, per device */
 
@@ -123,16 +121,11 @@ typedef struct {
     cf_module *module;
     PyObject *name;        /* str: the (lowered) symbol */
     PyObject *param_names; /* tuple of str, for messages */
-    char codes[CF_MAX_PARAMS + 1];
-    int n_params; /* -1 until the function is first loaded */
-    size_t param_offset[CF_MAX_PARAMS];
-    size_t param_size[CF_MAX_PARAMS];
+    cf_params params;
     CUfunction function[CF_MAX_DEVICES];
     int max_threads[CF_MAX_DEVICES];
     int dynamic_smem_set[CF_MAX_DEVICES];
 } cf_kernel;
-
-static const char *valid_codes = "pbBhHiIlLfd?";
 
 static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *argv, size_t nargsf,
                                    PyObject *kwnames);
@@ -148,26 +141,13 @@ static int kernel_init(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!U|OO:Kernel", kwlist, st->ModuleType, &module,
                                      &name, &codes, &names))
         return -1;
-    memset(k->codes, 0, sizeof k->codes);
-    if (codes != Py_None) {
-        Py_ssize_t len;
-        const char *c = PyUnicode_AsUTF8AndSize(codes, &len);
-        if (c == NULL)
-            return -1;
-        if (len > CF_MAX_PARAMS || strspn(c, valid_codes) != (size_t)len) {
-            PyErr_Format(PyExc_ValueError,
-                         "codes must be at most %d of %s, one per parameter; got %R", CF_MAX_PARAMS,
-                         valid_codes, codes);
-            return -1;
-        }
-        memcpy(k->codes, c, (size_t)len);
-    }
+    if (cf_params_set_codes(&k->params, codes) < 0)
+        return -1;
     Py_XSETREF(k->module, (cf_module *)Py_NewRef(module));
     Py_XSETREF(k->name, Py_NewRef(name));
     Py_XSETREF(k->param_names, names == Py_None ? PyTuple_New(0) : PySequence_Tuple(names));
     if (k->param_names == NULL)
         return -1;
-    k->n_params = -1;
     k->vectorcall = kernel_vectorcall;
     return 0;
 }
@@ -220,25 +200,17 @@ static CUfunction kernel_function(cf_state *st, cf_kernel *k, CUdevice dev)
         return NULL;
     }
     CF_CU(status);
-    if (k->n_params < 0) {
+    if (k->params.n_params < 0) {
         int n = 0;
         for (; n < CF_MAX_PARAMS; n++) {
             status =
-                cf_cu.cuFuncGetParamInfo(fn, (size_t)n, &k->param_offset[n], &k->param_size[n]);
+                cf_cu.cuFuncGetParamInfo(fn, (size_t)n, &k->params.offset[n], &k->params.size[n]);
             if (status == CUDA_ERROR_INVALID_VALUE)
                 break;
             CF_CU(status);
         }
-        size_t declared = strlen(k->codes);
-        if (declared == 0) {
-            memset(k->codes, '?', (size_t)n);
-        } else if (declared != (size_t)n) {
-            PyErr_Format(PyExc_TypeError,
-                         "kernel '%s': the source declares %zu parameters but the binary has %d",
-                         name, declared, n);
+        if (cf_params_check_count(&k->params, n, name) < 0)
             return NULL;
-        }
-        k->n_params = n;
     }
     CF_CU(cf_cu.cuFuncGetAttribute(&k->max_threads[dev], CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                                    fn));
@@ -284,164 +256,6 @@ static int parse_dim(PyObject *obj, const char *what, unsigned int out[3])
         out[i] = (unsigned int)v;
     }
     return 0;
-}
-
-static PyObject *param_label(cf_kernel *k, int i)
-{
-    if (i < PyTuple_GET_SIZE(k->param_names))
-        return PyUnicode_FromFormat("argument %d ('%U') of kernel '%U'", i,
-                                    PyTuple_GET_ITEM(k->param_names, i), k->name);
-    return PyUnicode_FromFormat("argument %d of kernel '%U'", i, k->name);
-}
-
-static int param_error(PyObject *type, cf_kernel *k, int i, const char *fmt, PyObject *obj)
-{
-    PyObject *label = param_label(k, i);
-    if (label == NULL)
-        return -1;
-    PyErr_Format(type, "%U: %s, got %.200s", label, fmt, Py_TYPE(obj)->tp_name);
-    Py_DECREF(label);
-    return -1;
-}
-
-/* The device of a torch tensor (get_device(): -1 on the CPU). */
-static int tensor_device(cf_state *st, PyObject *tensor, long *device)
-{
-    PyObject *d = PyObject_CallMethodNoArgs(tensor, st->str_get_device);
-    if (d == NULL)
-        return -1;
-    *device = PyLong_AsLong(d);
-    Py_DECREF(d);
-    return (*device == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-static int is_tensor(cf_state *st, PyObject *obj)
-{
-    return st->tensor_type != NULL && PyObject_TypeCheck(obj, (PyTypeObject *)st->tensor_type);
-}
-
-/* Write argument `obj` for parameter i (code c, size) into dst. */
-static int pack_param(cf_state *st, cf_kernel *k, int i, PyObject *obj, CUdevice dev, void *dst)
-{
-    char c = k->codes[i];
-    size_t size = k->param_size[i];
-    if (PyBytes_Check(obj)) { /* raw bytes: a struct passed by value */
-        if ((size_t)PyBytes_GET_SIZE(obj) != size) {
-            PyObject *label = param_label(k, i);
-            if (label != NULL) {
-                PyErr_Format(PyExc_TypeError, "%U: takes %zu bytes, got bytes of length %zd", label,
-                             size, PyBytes_GET_SIZE(obj));
-                Py_DECREF(label);
-            }
-            return -1;
-        }
-        memcpy(dst, PyBytes_AS_STRING(obj), size);
-        return 0;
-    }
-    if (is_tensor(st, obj)) {
-        if (c != 'p' && !(c == '?' && size == sizeof(void *)))
-            return param_error(PyExc_TypeError, k, i, "expects a scalar, not a tensor", obj);
-        long device;
-        if (tensor_device(st, obj, &device) < 0)
-            return -1;
-        if (device != (long)dev) {
-            PyObject *label = param_label(k, i);
-            if (label == NULL)
-                return -1;
-            if (device < 0)
-                PyErr_Format(PyExc_ValueError,
-                             "%U: tensor is on the CPU; move it to the GPU first (.cuda())", label);
-            else
-                PyErr_Format(PyExc_ValueError,
-                             "%U: tensor is on cuda:%ld but the kernel runs on cuda:%d; use "
-                             "torch.cuda.device(%ld) or move the tensor",
-                             label, device, (int)dev, device);
-            Py_DECREF(label);
-            return -1;
-        }
-        PyObject *ptr = PyObject_CallMethodNoArgs(obj, st->str_data_ptr);
-        if (ptr == NULL)
-            return -1;
-        unsigned long long p = PyLong_AsUnsignedLongLong(ptr);
-        Py_DECREF(ptr);
-        if (p == (unsigned long long)-1 && PyErr_Occurred())
-            return -1;
-        memcpy(dst, &p, sizeof(void *));
-        return 0;
-    }
-    if (c == 'p' || (c == '?' && obj == Py_None)) {
-        unsigned long long p = 0;
-        if (obj != Py_None) {
-            if (!PyLong_Check(obj))
-                return param_error(PyExc_TypeError, k, i,
-                                   "expects a CUDA tensor (or an int address)", obj);
-            p = PyLong_AsUnsignedLongLong(obj);
-            if (p == (unsigned long long)-1 && PyErr_Occurred())
-                return -1;
-        }
-        memcpy(dst, &p, sizeof(void *));
-        return 0;
-    }
-    int want_float = (c == 'f' || c == 'd');
-    if (c == '?') /* no declared type: the value's own type decides */
-        want_float = PyFloat_Check(obj) || (!PyIndex_Check(obj) && PyNumber_Check(obj));
-    if (want_float) {
-        if (!PyFloat_Check(obj) && !PyNumber_Check(obj))
-            return param_error(PyExc_TypeError, k, i, "expects a float", obj);
-        double v = PyFloat_AsDouble(obj);
-        if (v == -1.0 && PyErr_Occurred())
-            return -1;
-        if (size == sizeof(float)) {
-            float f = (float)v;
-            memcpy(dst, &f, sizeof f);
-        } else if (size == sizeof(double)) {
-            memcpy(dst, &v, sizeof v);
-        } else {
-            return param_error(PyExc_TypeError, k, i, "is not a float or double parameter", obj);
-        }
-        return 0;
-    }
-    if (PyFloat_Check(obj) || !PyIndex_Check(obj))
-        return param_error(PyExc_TypeError, k, i, "expects an int", obj);
-    PyObject *index = PyNumber_Index(obj);
-    if (index == NULL)
-        return -1;
-    int is_unsigned = (c == 'B' || c == 'H' || c == 'I' || c == 'L');
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
-    unsigned long long uv = 0;
-    if (overflow > 0 && is_unsigned) {
-        uv = PyLong_AsUnsignedLongLong(index);
-        overflow = (uv == (unsigned long long)-1 && PyErr_Occurred()) ? 1 : 0;
-        PyErr_Clear();
-    } else {
-        uv = (unsigned long long)v;
-    }
-    Py_DECREF(index);
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    int fits = !overflow;
-    if (fits && size < 8) {
-        long long lo = is_unsigned ? 0 : -(1LL << (size * 8 - 1));
-        long long hi = is_unsigned ? (1LL << (size * 8)) - 1 : (1LL << (size * 8 - 1)) - 1;
-        fits = v >= lo && v <= hi;
-    } else if (fits && is_unsigned && overflow == 0 && v < 0) {
-        fits = 0;
-    }
-    if (!fits) {
-        PyObject *label = param_label(k, i);
-        if (label != NULL) {
-            PyErr_Format(PyExc_OverflowError, "%U: %R does not fit in %zu bytes (%s)", label, obj,
-                         size, is_unsigned ? "unsigned" : "signed");
-            Py_DECREF(label);
-        }
-        return -1;
-    }
-    if (size == 1 || size == 2 || size == 4 || size == 8) {
-        memcpy(dst, &uv, size); /* little-endian: the low bytes */
-        return 0;
-    }
-    return param_error(PyExc_TypeError, k, i, "has a size that no int fits", obj);
 }
 
 static CUstream resolve_stream(cf_state *st, PyObject *stream, CUdevice dev, int *ok)
@@ -540,32 +354,18 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *argv, size_t
     PyObject **items = PySequence_Fast_ITEMS(seq);
 
     /* The device: the first tensor argument's, else the current context's. */
-    long want = -1;
-    for (Py_ssize_t i = 0; i < n_args && want < 0; i++) {
-        if (is_tensor(st, items[i]) && tensor_device(st, items[i], &want) < 0)
-            goto error;
-    }
+    long want;
+    if (cf_args_device(st, items, n_args, &want) < 0)
+        goto error;
     CUdevice dev;
     if (cf_ensure_context(st, (int)want, &dev) < 0)
         goto error;
     CUfunction fn = kernel_function(st, k, dev);
     if (fn == NULL)
         goto error;
-    if (n_args != k->n_params) {
-        PyErr_Format(PyExc_TypeError, "kernel '%U' takes %d arguments, got %zd", k->name,
-                     k->n_params, n_args);
+    if (cf_pack_args(st, &k->params, k->name, k->param_names, items, n_args, dev, buffer.bytes,
+                     params) < 0)
         goto error;
-    }
-    for (int i = 0; i < k->n_params; i++) {
-        if (k->param_offset[i] + k->param_size[i] > sizeof buffer.bytes) {
-            PyErr_Format(PyExc_ValueError, "kernel '%U': parameters exceed %d bytes", k->name,
-                         CF_MAX_PARAM_BYTES);
-            goto error;
-        }
-        params[i] = buffer.bytes + k->param_offset[i];
-        if (pack_param(st, k, i, items[i], dev, params[i]) < 0)
-            goto error;
-    }
     unsigned long long threads = (unsigned long long)block[0] * block[1] * block[2];
     if (threads > (unsigned long long)k->max_threads[dev]) {
         PyErr_Format(PyExc_ValueError,
@@ -706,9 +506,9 @@ static PyObject *kernel_param_sizes(PyObject *self, PyObject *args)
         return NULL;
     if (current_device(st, device_arg, &dev) < 0 || kernel_function(st, k, dev) == NULL)
         return NULL;
-    PyObject *out = PyList_New(k->n_params);
-    for (int i = 0; out != NULL && i < k->n_params; i++) {
-        PyObject *v = PyLong_FromSize_t(k->param_size[i]);
+    PyObject *out = PyList_New(k->params.n_params);
+    for (int i = 0; out != NULL && i < k->params.n_params; i++) {
+        PyObject *v = PyLong_FromSize_t(k->params.size[i]);
         if (v == NULL) {
             Py_CLEAR(out);
             break;
@@ -727,7 +527,7 @@ static PyObject *kernel_get_name(PyObject *self, void *closure)
 static PyObject *kernel_get_codes(PyObject *self, void *closure)
 {
     (void)closure;
-    return PyUnicode_FromString(((cf_kernel *)self)->codes);
+    return PyUnicode_FromString(((cf_kernel *)self)->params.codes);
 }
 
 static PyObject *kernel_repr(PyObject *self)
@@ -779,107 +579,7 @@ static PyType_Spec kernel_spec = {
     .slots = kernel_slots,
 };
 
-/* ---------------------------------------------------------------- devices and synchronization */
-
-static PyObject *device_count(PyObject *module, PyObject *unused)
-{
-    (void)unused;
-    cf_state *st = cf_get_state(module);
-    int count = 0;
-    if (cf_need_cuda(st) < 0)
-        return NULL;
-    CF_CU(cf_cu.cuDeviceGetCount(&count));
-    return PyLong_FromLong(count);
-error:
-    return NULL;
-}
-
-static PyObject *device_info(PyObject *module, PyObject *args)
-{
-    cf_state *st = cf_get_state(module);
-    int ordinal = 0;
-    CUdevice dev;
-    char name[256];
-    size_t total = 0;
-    if (!PyArg_ParseTuple(args, "|i:device_info", &ordinal))
-        return NULL;
-    if (cf_need_cuda(st) < 0)
-        return NULL;
-    CF_CU(cf_cu.cuDeviceGet(&dev, ordinal));
-    CF_CU(cf_cu.cuDeviceGetName(name, sizeof name, dev));
-    CF_CU(cf_cu.cuDeviceTotalMem(&total, dev));
-    static const struct {
-        const char *key;
-        CUdevice_attribute attr;
-    } attrs[] = {
-        {"cc_major", CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR},
-        {"cc_minor", CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR},
-        {"multiprocessors", CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT},
-        {"l2_bytes", CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE},
-        {"shared_bytes_per_block_optin", CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN},
-        {"shared_bytes_per_multiprocessor",
-         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR},
-        {"registers_per_multiprocessor", CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR},
-        {"max_threads_per_multiprocessor", CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR},
-        {"max_threads_per_block", CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK},
-        {"max_blocks_per_multiprocessor", CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR},
-        {"warp_size", CU_DEVICE_ATTRIBUTE_WARP_SIZE},
-        {"clock_khz", CU_DEVICE_ATTRIBUTE_CLOCK_RATE},
-        {"memory_clock_khz", CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE},
-        {"memory_bus_bits", CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH},
-        {"pci_bus_id", CU_DEVICE_ATTRIBUTE_PCI_BUS_ID},
-    };
-    PyObject *out = Py_BuildValue("{s:s,s:i,s:K}", "name", name, "ordinal", ordinal,
-                                  "total_memory_bytes", (unsigned long long)total);
-    if (out == NULL)
-        return NULL;
-    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
-        int value = 0;
-        CUresult status = cf_cu.cuDeviceGetAttribute(&value, attrs[i].attr, dev);
-        if (status != CUDA_SUCCESS) {
-            Py_DECREF(out);
-            cf_raise_cu(st, status, "cuDeviceGetAttribute", __FILE__, __LINE__);
-            return NULL;
-        }
-        PyObject *v = PyLong_FromLong(value);
-        if (v == NULL || PyDict_SetItemString(out, attrs[i].key, v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
-    return out;
-error:
-    return NULL;
-}
-
-static PyObject *synchronize(PyObject *module, PyObject *unused)
-{
-    (void)unused;
-    cf_state *st = cf_get_state(module);
-    CUdevice dev;
-    if (cf_ensure_context(st, -1, &dev) < 0)
-        return NULL;
-    CF_CU_NOGIL(cf_cu.cuCtxSynchronize());
-    Py_RETURN_NONE;
-error:
-    return NULL;
-}
-
-static PyObject *memory_info(PyObject *module, PyObject *unused)
-{
-    (void)unused;
-    cf_state *st = cf_get_state(module);
-    CUdevice dev;
-    size_t free_bytes = 0, total = 0;
-    if (cf_ensure_context(st, -1, &dev) < 0)
-        return NULL;
-    CF_CU(cf_cu.cuMemGetInfo(&free_bytes, &total));
-    return Py_BuildValue("(KK)", (unsigned long long)free_bytes, (unsigned long long)total);
-error:
-    return NULL;
-}
+/* ---------------------------------------------------------------- torch */
 
 static PyObject *set_torch_hooks(PyObject *module, PyObject *args)
 {
@@ -897,12 +597,6 @@ static PyObject *set_torch_hooks(PyObject *module, PyObject *args)
 }
 
 static PyMethodDef launch_methods[] = {
-    {"device_count", device_count, METH_NOARGS, "Number of CUDA devices the driver sees."},
-    {"device_info", device_info, METH_VARARGS,
-     "device_info(ordinal=0) -> dict: name, compute capability, multiprocessors, memory."},
-    {"synchronize", synchronize, METH_NOARGS,
-     "Wait for all work in the current context; raises KernelFault after a sticky error."},
-    {"memory_info", memory_info, METH_NOARGS, "(free, total) device memory in bytes."},
     {"set_torch_hooks", set_torch_hooks, METH_VARARGS,
      "set_torch_hooks(tensor_type, stream_getter): how to recognize tensors and find the "
      "current stream."},

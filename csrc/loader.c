@@ -1,5 +1,5 @@
 /* loader.c: libcuda, libnvrtc and libcupti are opened with dlopen on first use, so that the module
- * imports on a machine without a GPU or a toolkit. The Python side (cudaforge/_libs.py) decides
+ * imports on a machine without a GPU or a toolkit. The Python side (cudaforge/cuda/libs.py) decides
  * where to look; this file opens the first candidate that loads and fills the function tables. */
 #include "cudaforge.h"
 
@@ -159,7 +159,13 @@ static int need(cf_state *st, int idx)
              "lib%s is not loaded yet: use the cudaforge package, which loads it on first use "
              "(or set %s)",
              lib_names[idx], lib_env[idx]);
-    return cf_raise_with(st->LibraryNotFound, msg, NULL);
+    PyObject *attrs =
+        Py_BuildValue("{s:s,s:s}", "library", lib_names[idx], "env_var", lib_env[idx]);
+    if (attrs == NULL)
+        return -1;
+    cf_raise_with(st->LibraryNotFound, msg, attrs);
+    Py_DECREF(attrs);
+    return -1;
 }
 
 int cf_need_nvrtc(cf_state *st) { return need(st, LIB_NVRTC); }

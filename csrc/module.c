@@ -46,14 +46,11 @@ static int cf_clear(PyObject *m)
     Py_CLEAR(st->str_data_ptr);
     Py_CLEAR(st->str_get_device);
     Py_CLEAR(st->str_cuda_stream);
+    Py_CLEAR(st->curl_global);
     return 0;
 }
 
-static void cf_free(void *m)
-{
-    cf_clear((PyObject *)m);
-    cf_http_free();
-}
+static void cf_free(void *m) { cf_clear((PyObject *)m); }
 
 static int cf_strings_exec(PyObject *m)
 {
@@ -67,9 +64,17 @@ static int cf_strings_exec(PyObject *m)
 }
 
 static PyModuleDef_Slot cf_slots[] = {
-    {Py_mod_exec, cf_strings_exec}, {Py_mod_exec, cf_errors_exec}, {Py_mod_exec, cf_loader_exec},
-    {Py_mod_exec, cf_compile_exec}, {Py_mod_exec, cf_launch_exec}, {Py_mod_exec, cf_timing_exec},
-    {Py_mod_exec, cf_metrics_exec}, {Py_mod_exec, cf_http_exec},   {0, NULL},
+    {Py_mod_exec, cf_strings_exec},
+    {Py_mod_exec, cf_errors_exec},
+    {Py_mod_exec, cf_loader_exec},
+    {Py_mod_exec, cf_compile_exec},
+    {Py_mod_exec, cf_launch_exec},
+    {Py_mod_exec, cf_device_exec},
+    {Py_mod_exec, cf_timing_exec},
+    {Py_mod_exec, cf_profiler_host_exec},
+    {Py_mod_exec, cf_profiler_range_exec},
+    {Py_mod_exec, cf_http_exec},
+    {0, NULL},
 };
 
 static PyModuleDef cf_module_def = {

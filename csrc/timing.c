@@ -182,12 +182,7 @@ static int begin(cf_state *st, int mode, size_t max_records, CUpti_ActivityKind 
         snprintf(msg, sizeof msg,
                  "a CUPTI activity trace is already active in this process (%s); stop it first",
                  who);
-        PyObject *attrs = Py_BuildValue("{s:s}", "reason", "busy");
-        if (attrs != NULL) {
-            cf_raise_with(st->ProfilerError, msg, attrs);
-            Py_DECREF(attrs);
-        }
-        return -1;
+        return cf_raise_profiler(st, "busy", msg);
     }
     if (cf_need_cupti(st) < 0)
         return -1;
@@ -205,7 +200,6 @@ static int begin(cf_state *st, int mode, size_t max_records, CUpti_ActivityKind 
     trace.mode = mode;
     return 0;
 error:
-    cf_cupti_explain(st);
     return -1;
 }
 

@@ -11,6 +11,7 @@ import pytest
 
 import cudaforge
 from cudaforge.cuda import kernel
+from cudaforge.errors import LibraryNotFound
 
 ADD = r"""
 extern "C" __global__ void add(const float* __restrict__ a, const float* b, float* c, int n) {
@@ -172,27 +173,72 @@ def test_import_and_compile_without_libcuda(tmp_path):
         "except cudaforge.LibraryNotFound as e:\n"
         "    print('LIBCUDA-MISSING', e.env_var)\n"
     )
-    env = dict(os.environ, CUDAFORGE_LIBCUDA="/nonexistent/libcuda.so.1",
-               CUDAFORGE_CACHE_DIR=str(tmp_path))
+    env = dict(
+        os.environ, CUDAFORGE_LIBCUDA="/nonexistent/libcuda.so.1", CUDAFORGE_CACHE_DIR=str(tmp_path)
+    )
     if os.path.exists("/proc/driver/nvidia"):
         pytest.skip("libcuda is present on this machine")
-    out = subprocess.run([sys.executable, "-c", code], input=ADD, env=env, capture_output=True,
-                         text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=ADD,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert "LIBCUDA-MISSING CUDAFORGE_LIBCUDA" in out.stdout
 
 
+L2_CALLS = [
+    ("persisting_l2_limit", ()),
+    ("set_persisting_l2_limit", (1 << 20,)),
+    ("stream_window_bytes", (0,)),
+    ("clear_stream_window", (0,)),
+    ("reset_persisting_l2", ()),
+]
+
+
+@pytest.mark.parametrize("name, args", L2_CALLS, ids=[n for n, _ in L2_CALLS])
+def test_persisting_l2_calls_without_libcuda_name_the_library(name, args):
+    if os.path.exists("/proc/driver/nvidia"):
+        pytest.skip("libcuda is present on this machine")
+    with pytest.raises(LibraryNotFound, match="libcuda") as info:
+        getattr(cudaforge._core, name)(*args)
+    assert info.value.env_var == "CUDAFORGE_LIBCUDA"
+
+
+def test_persisting_l2_arguments_are_checked_before_the_driver():
+    with pytest.raises(OverflowError):
+        cudaforge._core.set_persisting_l2_limit(-1)
+    with pytest.raises(TypeError, match="int handle"):
+        cudaforge._core.stream_window_bytes("stream")
+    with pytest.raises(TypeError, match="int handle"):
+        cudaforge._core.clear_stream_window(None)
+
+
 def test_doctor_without_gpu_exits_zero():
-    out = subprocess.run([sys.executable, "-m", "cudaforge", "doctor", "--json"],
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "cudaforge", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["nvrtc"].startswith(("12.", "13."))
     assert "sm_90" in report["nvrtc_archs"]
     if not report["libraries"]["cuda"]:
         assert any(m.startswith("libcuda") for m in report["missing"])
-    text = subprocess.run([sys.executable, "-m", "cudaforge", "doctor"], capture_output=True,
-                          text=True, timeout=120, check=False)
+    text = subprocess.run(
+        [sys.executable, "-m", "cudaforge", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert text.returncode == 0 and "NVRTC:" in text.stdout
 
 

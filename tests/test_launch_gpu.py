@@ -196,6 +196,38 @@ try:
 except cudaforge.KernelFault as e:
     print("RAISED", type(e).__name__, e.name)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert "RAISED KernelFault CUDA_ERROR_" in out.stdout
+
+
+def test_persisting_l2_limit_and_stream_window():
+    """device.c's L2 calls as the harness uses them: the context's persisting-L2 limit set and read
+    back, a fresh stream's access-policy window read and cleared, the persisting lines reset."""
+    from cudaforge import _core
+    from cudaforge.errors import CudaError
+
+    torch.cuda.init()
+    l2_bytes = _core.device_info(torch.cuda.current_device())["l2_bytes"]
+    before = _core.persisting_l2_limit()
+    try:
+        _core.set_persisting_l2_limit(4 << 20)
+        limit = _core.persisting_l2_limit()
+        assert 0 < limit <= l2_bytes  # rounded and capped by the driver
+        _core.set_persisting_l2_limit(0)
+        assert _core.persisting_l2_limit() == 0
+
+        stream = torch.cuda.Stream()
+        assert _core.stream_window_bytes(stream.cuda_stream) == 0
+        _core.clear_stream_window(stream.cuda_stream)
+        assert _core.stream_window_bytes(stream.cuda_stream) == 0
+        _core.reset_persisting_l2()
+    finally:
+        _core.set_persisting_l2_limit(before)
+    assert _core.persisting_l2_limit() == before
+    try:  # the legacy default stream may have no attributes: then the error names the call
+        assert _core.stream_window_bytes(0) == 0
+    except CudaError as exc:
+        assert exc.call == "cuStreamGetAttribute", exc

@@ -58,6 +58,19 @@ def test_c_sources_are_clang_formatted():
     if tool is None:
         pytest.skip("clang-format is not installed (apt-get install clang-format)")
     paths = [str(p) for p in sorted(CSRC.glob("*.[ch]"))]
-    out = subprocess.run([tool, "--dry-run", "--Werror", *paths], capture_output=True, text=True,
-                         check=False)
+    out = subprocess.run(
+        [tool, "--dry-run", "--Werror", *paths], capture_output=True, text=True, check=False
+    )
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_only_errors_c_turns_a_library_status_into_words():
+    # errors.c alone maps CUresult, nvrtcResult, CUptiResult and CURLcode to a message or .reason
+    status_words = re.compile(
+        r"\b(cuGetErrorName|cuGetErrorString|nvrtcGetErrorString|cuptiGetResultString"
+        r"|curl_easy_strerror)\s*\("
+    )
+    offenders = [
+        p.name for p in SOURCES if p.name != "errors.c" and status_words.search(p.read_text())
+    ]
+    assert not offenders, f"library status mapped outside errors.c in {offenders}"
