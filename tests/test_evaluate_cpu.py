@@ -11,14 +11,9 @@ import pytest
 import torch
 
 import cudaforge
-from cudaforge.harness.evaluate import (
-    GUARDS,
-    EvalOptions,
-    check_outputs,
-    is_own_kernel,
-    kernel_names_in,
-    make_options,
-)
+from cudaforge.harness.compare import check_outputs
+from cudaforge.harness.guards import GUARDS, is_own_kernel, kernel_names_in
+from cudaforge.harness.options import EvalOptions, make_options
 from cudaforge.harness.pool import WorkerPool
 from cudaforge.harness.problem import Problem
 from cudaforge.harness.results import EvalResult, TrialFailure
@@ -484,7 +479,7 @@ def _record(name, start_us, end_us, stream=7):
 
 
 def _measurement(records, times=(0.05, 0.05)):
-    from cudaforge.harness.evaluate import _Measurement
+    from cudaforge.harness.timing import _Measurement
 
     return _Measurement(list(times), records, [], [0.06, 0.06], [0.05, 0.05])
 
@@ -514,7 +509,7 @@ def test_no_own_kernels_fires_for_library_kernels_or_borrowed_names():
 
 
 def test_unmeasured_work_from_synchronized_runs_and_from_cupti():
-    from cudaforge.harness.evaluate import _Measurement
+    from cudaforge.harness.timing import _Measurement
 
     run, r = _evaluation()
     r.candidate_ms = 0.01
@@ -541,7 +536,7 @@ def test_unmeasured_work_from_synchronized_runs_and_from_cupti():
 
 
 def test_the_tracer_drops_the_harness_stream_and_measures_busy_time():
-    from cudaforge.harness.evaluate import _Tracer
+    from cudaforge.harness.tracer import _Tracer
 
     run, r = _evaluation(runs=2)
     harness = [_record("fill", 0, 5, stream=3)]
@@ -575,7 +570,7 @@ def test_the_tracer_drops_the_harness_stream_and_measures_busy_time():
 def test_poison_fills_only_the_free_blocks():
     from types import SimpleNamespace
 
-    from cudaforge.harness.evaluate import _Poison
+    from cudaforge.harness.guards import _Poison
 
     filled = []
 
