@@ -595,3 +595,49 @@ def test_poison_fills_only_the_free_blocks():
     poison.reserved = 1 << 40  # skip the reservation (it allocates)
     assert poison.fill(0, 0) == 70
     assert filled == [(1100, 50, 0xFF), (1180, 20, 0xFF)]
+
+
+def test_persisting_l2_is_read_and_reset_through_the_c_core(monkeypatch):
+    from types import SimpleNamespace
+
+    import cudaforge._core as core
+
+    from cudaforge.errors import CudaError
+    from cudaforge.harness.guards import _PersistingL2
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=7))
+    calls = []
+    state = {"limit": 0, "windows": {7: 0}}
+
+    def window(stream):
+        if stream not in state["windows"]:
+            raise CudaError("cuStreamGetAttribute: invalid resource handle")
+        return state["windows"][stream]
+
+    fakes = {
+        "persisting_l2_limit": lambda: state["limit"],
+        "set_persisting_l2_limit": lambda n: calls.append(("limit", n)),
+        "stream_window_bytes": window,
+        "clear_stream_window": lambda stream: calls.append(("clear", stream)),
+        "reset_persisting_l2": lambda: calls.append(("reset",)),
+    }
+    for name in fakes:
+        monkeypatch.delattr(core, name, raising=False)
+    assert "no persisting-L2 calls" in _PersistingL2("cuda:0").reason
+    for name, fake in fakes.items():
+        monkeypatch.setattr(core, name, fake, raising=False)
+    l2 = _PersistingL2("cuda:0")
+    assert l2.reason is None and l2.check_and_reset() is None and calls == []
+    state["limit"], state["windows"][7] = 32 << 20, 4096
+    found = l2.check_and_reset()
+    assert "persisting-L2 limit 33554432 bytes" in found and "window of 4096 bytes" in found
+    assert calls == [("limit", 0), ("clear", 7), ("reset",)]
+    # a stream without the attribute (the legacy default stream): the window check is turned off
+    state["limit"], state["windows"] = 0, {}
+    assert l2.check_and_reset() is None and not l2.window_ok
+
+    def no_context():
+        raise CudaError("cuCtxGetLimit: invalid context")
+
+    monkeypatch.setattr(core, "persisting_l2_limit", no_context)
+    assert "cuCtxGetLimit" in _PersistingL2("cuda:0").reason

@@ -192,18 +192,19 @@ class _PersistingL2:
         self.window_ok = True
         try:
             from .. import _core
-            from ..errors import CudaError
+            from ..errors import CudaforgeError
         except ImportError as e:
             self.reason = f"the C core is not importable ({e})"
             return
-        self.core, self.error = _core, CudaError
+        # CudaError on a failed call; its base also covers a libcuda that does not load
+        self.core, self.error = _core, CudaforgeError
         missing = [name for name in _L2_CALLS if not hasattr(_core, name)]
         if missing:
             self.reason = f"this build of the C core has no persisting-L2 calls ({missing[0]})"
             return
         try:
             self.baseline = _core.persisting_l2_limit()
-        except CudaError as e:
+        except CudaforgeError as e:
             self.reason = f"cuCtxGetLimit(PERSISTING_L2_CACHE_SIZE) failed: {e}"
 
     def check_and_reset(self) -> str | None:
