@@ -11,14 +11,9 @@ import pytest
 import torch
 
 import cudaforge
-from cudaforge.harness.evaluate import (
-    GUARDS,
-    EvalOptions,
-    check_outputs,
-    is_own_kernel,
-    kernel_names_in,
-    make_options,
-)
+from cudaforge.harness.compare import check_outputs
+from cudaforge.harness.guards import GUARDS, is_own_kernel, kernel_names_in
+from cudaforge.harness.options import EvalOptions, make_options
 from cudaforge.harness.pool import WorkerPool
 from cudaforge.harness.problem import Problem
 from cudaforge.harness.results import EvalResult, TrialFailure
@@ -484,7 +479,7 @@ def _record(name, start_us, end_us, stream=7):
 
 
 def _measurement(records, times=(0.05, 0.05)):
-    from cudaforge.harness.evaluate import _Measurement
+    from cudaforge.harness.timing import _Measurement
 
     return _Measurement(list(times), records, [], [0.06, 0.06], [0.05, 0.05])
 
@@ -514,7 +509,7 @@ def test_no_own_kernels_fires_for_library_kernels_or_borrowed_names():
 
 
 def test_unmeasured_work_from_synchronized_runs_and_from_cupti():
-    from cudaforge.harness.evaluate import _Measurement
+    from cudaforge.harness.timing import _Measurement
 
     run, r = _evaluation()
     r.candidate_ms = 0.01
@@ -541,7 +536,7 @@ def test_unmeasured_work_from_synchronized_runs_and_from_cupti():
 
 
 def test_the_tracer_drops_the_harness_stream_and_measures_busy_time():
-    from cudaforge.harness.evaluate import _Tracer
+    from cudaforge.harness.tracer import _Tracer
 
     run, r = _evaluation(runs=2)
     harness = [_record("fill", 0, 5, stream=3)]
@@ -575,7 +570,7 @@ def test_the_tracer_drops_the_harness_stream_and_measures_busy_time():
 def test_poison_fills_only_the_free_blocks():
     from types import SimpleNamespace
 
-    from cudaforge.harness.evaluate import _Poison
+    from cudaforge.harness.guards import _Poison
 
     filled = []
 
@@ -600,3 +595,49 @@ def test_poison_fills_only_the_free_blocks():
     poison.reserved = 1 << 40  # skip the reservation (it allocates)
     assert poison.fill(0, 0) == 70
     assert filled == [(1100, 50, 0xFF), (1180, 20, 0xFF)]
+
+
+def test_persisting_l2_is_read_and_reset_through_the_c_core(monkeypatch):
+    from types import SimpleNamespace
+
+    import cudaforge._core as core
+
+    from cudaforge.errors import CudaError
+    from cudaforge.harness.guards import _PersistingL2
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=7))
+    calls = []
+    state = {"limit": 0, "windows": {7: 0}}
+
+    def window(stream):
+        if stream not in state["windows"]:
+            raise CudaError("cuStreamGetAttribute: invalid resource handle")
+        return state["windows"][stream]
+
+    fakes = {
+        "persisting_l2_limit": lambda: state["limit"],
+        "set_persisting_l2_limit": lambda n: calls.append(("limit", n)),
+        "stream_window_bytes": window,
+        "clear_stream_window": lambda stream: calls.append(("clear", stream)),
+        "reset_persisting_l2": lambda: calls.append(("reset",)),
+    }
+    for name in fakes:
+        monkeypatch.delattr(core, name, raising=False)
+    assert "no persisting-L2 calls" in _PersistingL2("cuda:0").reason
+    for name, fake in fakes.items():
+        monkeypatch.setattr(core, name, fake, raising=False)
+    l2 = _PersistingL2("cuda:0")
+    assert l2.reason is None and l2.check_and_reset() is None and calls == []
+    state["limit"], state["windows"][7] = 32 << 20, 4096
+    found = l2.check_and_reset()
+    assert "persisting-L2 limit 33554432 bytes" in found and "window of 4096 bytes" in found
+    assert calls == [("limit", 0), ("clear", 7), ("reset",)]
+    # a stream without the attribute (the legacy default stream): the window check is turned off
+    state["limit"], state["windows"] = 0, {}
+    assert l2.check_and_reset() is None and not l2.window_ok
+
+    def no_context():
+        raise CudaError("cuCtxGetLimit: invalid context")
+
+    monkeypatch.setattr(core, "persisting_l2_limit", no_context)
+    assert "cuCtxGetLimit" in _PersistingL2("cuda:0").reason

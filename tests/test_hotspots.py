@@ -256,7 +256,8 @@ def test_transformer_block(block):
 
 
 def test_attention_problem_runs_in_the_evaluation_harness(block):
-    from cudaforge.harness.evaluate import EvalOptions, run_evaluation
+    from cudaforge.harness.evaluate import run_evaluation
+    from cudaforge.harness.options import EvalOptions
 
     _, _, search = block
     source = by_label(search, "softmax").problem_source

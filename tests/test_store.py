@@ -8,8 +8,9 @@ import sqlite3
 
 import pytest
 
+from cudaforge.harness.problem import problem_hash
 from cudaforge.harness.results import EvalResult
-from cudaforge.model.store import KernelStore, problem_hash, shapes_key
+from cudaforge.model.store import KernelStore, shapes_key
 
 PROBLEM = """import torch
 import torch.nn as nn

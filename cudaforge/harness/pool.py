@@ -2,9 +2,9 @@
 
 A WorkerPool starts one worker per visible GPU (each sees only its GPU through
 CUDA_VISIBLE_DEVICES), or N CPU workers on a machine without one. Workers are fresh interpreters
-(`python -m cudaforge.harness.pool`, not a fork of the caller, so the caller's __main__ is not re-run),
-kept warm between evaluations, and talk to the pool over two pipes of their own; a candidate's
-prints go to the worker's log file, not into the protocol.
+(`python -m cudaforge.harness.worker`, not a fork of the caller, so the caller's __main__ is not
+re-run), kept warm between evaluations, and talk to the pool over two pipes of their own
+(pipes.py); a candidate's prints go to the worker's log file, not into the protocol.
 
 What can go wrong, and what the pool does:
 - the candidate raises, or fails to compile: an ordinary result (runtime_error, compile_error...);
@@ -23,13 +23,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
-import pickle
 import queue
-import select
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -40,53 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .options import make_options
+from .pipes import NoMessage, PipeClosed, receive, send
 from .problem import Problem
 from .results import EvalResult
 
-_HEADER = struct.Struct(">Q")
-
-
-class _Dead(Exception):
-    """The other end of the pipe is gone."""
-
-
-class _Late(Exception):
-    """No message before the deadline."""
-
-
-def _send(fd: int, message: dict) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(data)) + data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _Late
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                raise _Late
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise _Dead
-        buf += chunk
-    return bytes(buf)
-
-
-def _recv(fd: int, deadline: float | None = None) -> dict:
-    (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
-    # once a message has started, the rest follows at pipe speed
-    body = _read_exact(fd, size, None if deadline is None else max(deadline, time.monotonic() + 30))
-    return pickle.loads(body)
-
-
-# ====================================================================== the pool (parent side)
+# ====================================================================== the pool
 
 
 @dataclass
@@ -123,7 +78,7 @@ class _Worker:
         try:
             with open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "cudaforge.harness.pool", str(req_r), str(res_w),
+                    [sys.executable, "-m", "cudaforge.harness.worker", str(req_r), str(res_w),
                      str(self.index), str(os.getpid())],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -148,11 +103,11 @@ class _Worker:
         if self.ready:
             return None
         try:
-            message = _recv(self.results, time.monotonic() + timeout)
-        except _Late:
+            message = receive(self.results, time.monotonic() + timeout)
+        except NoMessage:
             self.kill()
             return f"did not start within {timeout:.0f} s"
-        except _Dead:
+        except PipeClosed:
             code = self.process.wait() if self.process else None
             return f"exited while starting ({_describe_exit(code)})"
         self.info = message
@@ -173,7 +128,7 @@ class _Worker:
             return
         if self.process.poll() is None:
             with contextlib.suppress(OSError):
-                _send(self.requests, {"type": "stop"})
+                send(self.requests, {"type": "stop"})
             try:
                 self.process.wait(grace)
             except subprocess.TimeoutExpired:
@@ -224,8 +179,6 @@ class QueuedPool:
             t.start()
 
     def submit(self, problem: Problem | str, candidate_source: str, **options: Any) -> Future:
-        from .evaluate import make_options
-
         options.setdefault("timeout", self.timeout)
         options.setdefault("compile_timeout", self.compile_timeout)
         return self.submit_options(problem, candidate_source, make_options(**options))
@@ -302,7 +255,7 @@ class WorkerPool(QueuedPool):
     - submit(problem, candidate_source, **options) -> Future[EvalResult]
     - map(problem, candidates, **options) -> [EvalResult], evaluated in parallel
     - evaluate(problem, candidate_source, **options) -> EvalResult
-    Options are evaluate()'s (cudaforge.harness.evaluate.EvalOptions); `timeout` and `compile_timeout`
+    Options are evaluate()'s (cudaforge.harness.options.EvalOptions); `timeout` and `compile_timeout`
     default to the pool's."""
 
     def __init__(
@@ -408,7 +361,7 @@ class WorkerPool(QueuedPool):
         worker.mark_log()
         started = time.monotonic()
         try:
-            _send(worker.requests, {"type": "evaluate", "problem": job.problem,
+            send(worker.requests, {"type": "evaluate", "problem": job.problem,
                                     "source": job.source, "options": job.options})  # fmt: skip
         except OSError:
             pass  # a dead worker shows up as EOF below
@@ -417,8 +370,8 @@ class WorkerPool(QueuedPool):
         accepted = False
         while True:
             try:
-                message = _recv(worker.results, deadline)
-            except _Late:
+                message = receive(worker.results, deadline)
+            except NoMessage:
                 pid = worker.process.pid if worker.process else None
                 self._replace(worker)
                 result = _failed(
@@ -431,7 +384,7 @@ class WorkerPool(QueuedPool):
                 result.worker = worker.index
                 result.phase_seconds["total"] = time.monotonic() - started
                 return result
-            except _Dead:
+            except PipeClosed:
                 code = worker.process.wait() if worker.process else None
                 tail = worker.log_tail()
                 self._replace(worker)
@@ -561,76 +514,6 @@ def default_pool() -> WorkerPool:
             _default = WorkerPool()
             atexit.register(_default.close)
         return _default
-
-
-# ====================================================================== the worker (child side)
-
-
-def _die_with_parent(parent: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills us with the parent
-    if os.getppid() != parent:
-        os._exit(1)
-
-    def watchdog() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watchdog, name="cudaforge-watchdog", daemon=True).start()
-
-
-def _child(requests: int, results: int, index: int, parent: int) -> None:
-    _die_with_parent(parent)
-    import torch
-    import torch.nn.functional
-    import torch.utils.cpp_extension
-
-    from ..profiling import profiler
-    from .evaluate import run_evaluation
-
-    # this process profiles candidates and nothing else: keep the Range Profiler enabled
-    profiler.KEEP_ENABLED = os.environ.get("CUDAFORGE_PROFILER_KEEP", "1") != "0"
-
-    device = "cpu"
-    if torch.cuda.is_available():
-        torch.zeros(1, device="cuda")  # create the context now, not in the first evaluation
-        device = f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
-    _send(results, {"type": "ready", "pid": os.getpid(), "device": device,
-                    "torch": torch.__version__})  # fmt: skip
-    while True:
-        try:
-            message = _recv(requests)
-        except _Dead:
-            return
-        if message.get("type") == "stop":
-            return
-        if message.get("type") != "evaluate":
-            continue
-        print(f"--- evaluation of {message['problem'].name}", flush=True)
-        _send(results, {"type": "phase", "phase": "accepted"})
-
-        def on_phase(phase: str) -> None:
-            _send(results, {"type": "phase", "phase": phase})
-
-        result = run_evaluation(message["problem"], message["source"], message["options"], on_phase)
-        result.worker = index
-        # a dead CUDA context, or a process whose functions the candidate replaced: not reusable
-        retire = result.status == "crashed" or "tampering" in result.guards
-        _send(results, {"type": "result", "result": result.to_dict(), "retire": retire})
-        if retire:
-            sys.stdout.flush()
-            os._exit(0)  # exit without running any more CUDA calls (the context may be dead)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 5:
-        sys.exit("usage: python -m cudaforge.harness.pool REQUEST_FD RESULT_FD INDEX PARENT_PID")
-    _child(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown (CUDA and extension destructors) once done
 
 
 __all__ = ["QueuedPool", "WorkerPool", "default_pool"]

@@ -27,6 +27,14 @@ from typing import Any
 DEV_SET_ENV = "CUDAFORGE_KERNELBENCH"
 
 
+def problem_hash(problem_source: str) -> str:
+    """The one hash of a problem: sha256 of its source with line endings and trailing blanks
+    normalized, so that the same problem saved on another system, or by an editor that trims
+    lines, keeps its key in the kernel store and its identity in results."""
+    lines = [line.rstrip() for line in problem_source.replace("\r\n", "\n").split("\n")]
+    return hashlib.sha256("\n".join(lines).strip().encode()).hexdigest()
+
+
 @dataclass
 class Problem:
     """One problem. `source` is what runs (overrides applied); `base_source` is as it was given."""
@@ -66,7 +74,7 @@ class Problem:
         sizes = dict(sizes or {})
         effective = _apply_sizes(source, tree, sizes, name or "problem") if sizes else source
         if name is None:
-            name = "problem_" + hashlib.sha256(source.encode()).hexdigest()[:8]
+            name = "problem_" + problem_hash(source)[:8]
         return cls(
             name=name,
             source=effective,
@@ -137,8 +145,8 @@ class Problem:
 
     @property
     def hash(self) -> str:
-        """sha256 of the source that runs (overrides included)."""
-        return hashlib.sha256(self.source.encode()).hexdigest()
+        """problem_hash() of the source that runs (overrides included)."""
+        return problem_hash(self.source)
 
     def constants(self) -> dict[str, Any]:
         """The overridable constants and their values in the source that runs."""

@@ -71,7 +71,6 @@ class _EvalActor:
         self.pool.close()
 
 
-
 class _Slot:
     """One actor's place in the pool: the actor, replaced when it dies."""
 

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..errors import CudaforgeError
-from .store import problem_hash
+from ..harness.problem import problem_hash
 
 MIN_SHARE = 0.02  # a hot spot takes at least this share of the model's time
 MAX_HOTSPOTS = 8

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..harness.problem import problem_hash
 from ..harness.results import EvalResult
 
 SCHEMA_VERSION = 1
@@ -50,12 +51,6 @@ CREATE TABLE IF NOT EXISTS kernels (
 CREATE INDEX IF NOT EXISTS kernels_key ON kernels (problem_hash, arch, dtype, shapes);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-
-
-def problem_hash(problem_source: str) -> str:
-    """sha256 of a problem's source with line endings and trailing blanks normalized."""
-    lines = [line.rstrip() for line in problem_source.replace("\r\n", "\n").split("\n")]
-    return hashlib.sha256("\n".join(lines).strip().encode()).hexdigest()
 
 
 def shapes_key(shapes: Sequence[Sequence[int]] | str) -> str:
@@ -298,4 +293,4 @@ def _retry_locked(action, attempts: int = 50):
     raise AssertionError("unreachable")
 
 
-__all__ = ["KernelStore", "StoredKernel", "default_path", "problem_hash", "shapes_key"]
+__all__ = ["KernelStore", "StoredKernel", "default_path", "shapes_key"]

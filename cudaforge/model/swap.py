@@ -46,13 +46,9 @@ import torch
 from torch import Tensor, fx, nn
 
 from ..errors import CudaforgeError, VerificationError
+from ..harness.compare import aliases, tensor_difference
+from ..harness.options import Tolerances, tolerance_of
 from .hotspots import Site, TensorSpec, _fetch, load_problem, rebuild_output, time_call
-
-# per-dtype tolerances of the checks made here (swap time, shadow checks); the workers' check
-# before (cudaforge.harness.evaluate) is the strict one
-ATOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.float16: 1e-2, torch.bfloat16: 2e-2}
-RTOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.float16: 1e-2, torch.bfloat16: 2e-2}
-NORM_TOL = {torch.float32: 1e-3, torch.float64: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 
 class FallbackWarning(UserWarning):
@@ -134,10 +130,9 @@ hotspot.register_autograd(_hotspot_backward, setup_context=_hotspot_setup)
 
 
 def tolerances(dtype: torch.dtype, tolerance: float | None = None) -> tuple[float, float, float]:
-    """(atol, rtol, relative L2 bound) for dtype; a float `tolerance` sets atol = rtol."""
-    if tolerance is not None:
-        return tolerance, tolerance, max(tolerance * 10, NORM_TOL.get(dtype, 1e-3))
-    return ATOL.get(dtype, 1e-4), RTOL.get(dtype, 1e-4), NORM_TOL.get(dtype, 1e-3)
+    """(atol, rtol, relative L2 bound) for dtype, from the harness's one tolerance table; a float
+    `tolerance` sets atol = rtol (the bound then 10x it, never below the table's)."""
+    return tolerance_of(Tolerances.uniform(tolerance), dtype)
 
 
 @dataclass
@@ -152,9 +147,11 @@ class Difference:
 
 
 def compare(actual: Sequence[Tensor], expected: Sequence[Tensor], tolerance=None):
-    """(worst Difference, problem or '') of outputs against the expected ones."""
+    """(worst Difference, problem or '') of outputs against the expected ones, by the harness's
+    definition of a correct value (cudaforge.harness.compare)."""
     if len(actual) != len(expected):
         return None, f"{len(actual)} outputs, expected {len(expected)}"
+    tables = Tolerances.uniform(tolerance)
     worst = Difference(-1, 0.0, 0.0, 0.0)
     for i, (a, e) in enumerate(zip(actual, expected)):
         if not isinstance(a, Tensor):
@@ -164,45 +161,17 @@ def compare(actual: Sequence[Tensor], expected: Sequence[Tensor], tolerance=None
                 f"output {i} is {a.dtype}{list(a.shape)} on {a.device}, expected "
                 f"{e.dtype}{list(e.shape)} on {e.device}"
             )
-        atol, rtol, norm_tol = tolerances(e.dtype, tolerance)
-        a64, e64 = a.detach().double(), e.detach().double()
-        finite = torch.isfinite(e64)
-        if not torch.equal(torch.isfinite(a64), finite) or not torch.equal(
-            a64[~finite].nan_to_num(), e64[~finite].nan_to_num()
-        ):
-            return Difference(i, math.inf, math.inf, math.inf), f"output {i}: NaN/Inf differ"
-        diff = (a64 - e64)[finite].abs()
-        scale = e64[finite].abs()
-        max_abs = float(diff.max()) if diff.numel() else 0.0
-        max_rel = float((diff / scale.clamp_min(1e-30)).max()) if diff.numel() else 0.0
-        norm = float(e64[finite].norm())
-        rel_l2 = float(diff.norm()) / norm if norm > 0 else float(diff.norm())
-        if max_abs > worst.max_abs_err or worst.index < 0:
-            worst = Difference(i, max_abs, max_rel, rel_l2)
-        if bool((diff > atol + rtol * scale).any()) or rel_l2 > norm_tol:
-            bad = int((diff > atol + rtol * scale).sum())
-            worst = Difference(i, max_abs, max_rel, rel_l2)
-            return worst, (
-                f"output {i}: {bad} of {diff.numel()} elements outside atol={atol:g} "
-                f"rtol={rtol:g} (max abs error {max_abs:.3g}, relative L2 {rel_l2:.3g})"
+        found = tensor_difference(a.detach(), e.detach(), tables)
+        if found.nonfinite:  # NaN or Inf where the expected value is finite
+            found.max_abs_err = found.max_rel_err = found.rel_l2_err = math.inf
+        if found.max_abs_err > worst.max_abs_err or worst.index < 0:
+            worst = Difference(i, found.max_abs_err, found.max_rel_err, found.rel_l2_err)
+        if not found.ok:
+            worst = Difference(
+                i, found.max_abs_err, found.max_rel_err, found.rel_l2_err, found.message
             )
+            return worst, f"output {i}: {found.message}"
     return worst, ""
-
-
-def _span(t: Tensor) -> tuple[int, int] | None:
-    if t.numel() == 0:
-        return None
-    start = t.untyped_storage().data_ptr()
-    return start, start + t.untyped_storage().nbytes()
-
-
-def _aliases(outputs: Sequence[Tensor], inputs: Sequence[Tensor]) -> bool:
-    spans = [s for s in (_span(t) for t in inputs) if s is not None]
-    for out in outputs:
-        mine = _span(out)
-        if mine and any(mine[0] < b and a < mine[1] for a, b in spans):
-            return True
-    return False
 
 
 # ---------------------------------------------------------------- candidates
@@ -909,7 +878,7 @@ def verify(swap: SwappedHotspot, *, trials: int = 3, tolerance: float | None = N
                     f"{swap.name}: the kernel raised on trial {trial}: {type(exc).__name__}: {exc}",
                     trial=trial,
                 ) from exc
-        if _aliases(actual, list(inputs) + list(site.tensors)):
+        if aliases(actual, list(inputs) + list(site.tensors)):
             raise VerificationError(f"{swap.name}: an output shares memory with an input", trial)
         worst, problem = compare(actual, expected, tolerance)
         if problem:

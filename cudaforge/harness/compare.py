@@ -1,0 +1,314 @@
+"""The one definition of a correct output, used by the workers' evaluation and by swap alike: what
+a candidate's outputs must match (type, shape, dtype, strides, device, then values within the
+tolerance table of options.py), and when two tensors share memory.
+
+Aliasing is decided by element extent: a tensor occupies the bytes from its first element to one
+past its last (data_ptr() and its strides), not its whole storage. That is the memory a write
+through one tensor can change in the other, so it is exactly the hazard. The whole-storage rule
+would also flag disjoint views of one allocation (a parameter in a flattened buffer, a slice of a
+packed qkv projection next to the output written into its own slice), which cannot affect each
+other, and it says nothing more about memory the candidate really shares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .options import EvalOptions, Tolerances, dtype_name, tolerance_of
+from .results import TrialFailure
+
+
+def leaves(out) -> list:
+    """The values of an output, flattened (lists, tuples, dicts by key)."""
+    if isinstance(out, (list, tuple)):
+        return [y for x in out for y in leaves(x)]
+    if isinstance(out, dict):
+        return [y for k in sorted(out, key=str) for y in leaves(out[k])]
+    return [out]
+
+
+def _shape_of(out) -> str:
+    if isinstance(out, (list, tuple)):
+        return f"a {type(out).__name__} of {len(out)}"
+    return "a tensor" if hasattr(out, "shape") else f"a {type(out).__name__}"
+
+
+def check_outputs(
+    actual,
+    expected,
+    options: EvalOptions | Tolerances,
+    *,
+    trial: int = 0,
+    seed: int | None = None,
+    phase: str = "correctness",
+) -> TrialFailure | None:
+    """None when `actual` matches `expected` (every output); else the first difference."""
+    import torch
+
+    def fail(index: int, message: str, **kw) -> TrialFailure:
+        where = f"trial {trial}" + (f" (seed {seed})" if seed is not None else "")
+        return TrialFailure(trial=trial, output_index=index, message=f"{where}, output {index}: "
+                            f"{message}", phase=phase, seed=seed, **kw)  # fmt: skip
+
+    got, want = leaves(actual), leaves(expected)
+    if len(got) != len(want) or isinstance(actual, (list, tuple)) != isinstance(
+        expected, (list, tuple)
+    ):
+        return fail(0, f"returned {_shape_of(actual)} where the reference returns "
+                    f"{_shape_of(expected)}")  # fmt: skip
+    for i, (a, e) in enumerate(zip(got, want, strict=True)):
+        if not isinstance(e, torch.Tensor):
+            if isinstance(a, torch.Tensor) or not _same_value(a, e, options):
+                return fail(i, f"got {a!r}, expected {e!r}")
+            continue
+        if not isinstance(a, torch.Tensor):
+            return fail(i, f"got {type(a).__name__}, expected a tensor")
+        if type(a) is not type(e):
+            return fail(i, f"is a {type(a).__name__}, expected a plain {type(e).__name__} "
+                        "(tensor subclasses can defer or fake their values)")  # fmt: skip
+        if a.device != e.device:
+            return fail(i, f"is on {a.device}, expected {e.device}")
+        if a.layout != e.layout:
+            return fail(i, f"has layout {a.layout}, expected {e.layout}")
+        if a.shape != e.shape:
+            return fail(i, f"shape {tuple(a.shape)}, expected {tuple(e.shape)}")
+        if a.dtype != e.dtype:
+            return fail(i, f"dtype {a.dtype}, expected {e.dtype}")
+        if not _strides_ok(a, e):
+            return fail(i, f"strides {a.stride()} (contiguous: {a.is_contiguous()}), expected "
+                        f"{e.stride()} or contiguous")  # fmt: skip
+        mismatch = compare_tensors(a, e, options)
+        if mismatch is not None:
+            return fail(i, mismatch.pop("message"), **mismatch)
+    return None
+
+
+def _same_value(a, e, options: EvalOptions | Tolerances) -> bool:
+    if isinstance(e, float) and isinstance(a, (int, float)):
+        if math.isnan(e):
+            return math.isnan(a)
+        atol, rtol, _ = tolerance_of(options, "float32")
+        return abs(a - e) <= atol + rtol * abs(e)
+    return type(a) is type(e) and a == e
+
+
+def _strides_ok(a, e) -> bool:
+    if a.numel() <= 1:
+        return True
+    if e.is_contiguous():
+        return a.is_contiguous()
+    return a.stride() == e.stride() or a.is_contiguous()
+
+
+@dataclass
+class TensorDifference:
+    """How far one tensor's values are from the expected ones, and whether that is correct."""
+
+    ok: bool
+    total: int
+    mismatches: int = 0  # elements outside atol/rtol (or unequal, for exact dtypes)
+    max_abs_err: float = 0.0  # over the elements finite in both
+    max_rel_err: float = 0.0  # over the elements finite in both, the expected one nonzero
+    rel_l2_err: float = 0.0  # ||actual - expected|| / ||expected||, finite elements
+    nonfinite: int = 0  # NaN/Inf where the expected value is finite
+    worst_index: list[int] = field(default_factory=list)
+    expected: float | None = None
+    actual: float | None = None
+    message: str = ""
+
+    def failure_fields(self) -> dict[str, Any]:
+        """The TrialFailure fields this difference fills (message included)."""
+        out: dict[str, Any] = {
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+            "mismatches": self.mismatches,
+            "total": self.total,
+            "rel_l2_err": self.rel_l2_err,
+        }
+        if self.mismatches:
+            out.update(worst_index=self.worst_index, expected=self.expected, actual=self.actual)
+        out["message"] = self.message
+        return out
+
+
+def compare_tensors(
+    actual, expected, options: EvalOptions | Tolerances, chunk: int = 1 << 26
+) -> dict | None:
+    """Values of two tensors of the same shape and dtype, compared on their device in chunks.
+    None when they match; else the TrialFailure fields (message, errors, where)."""
+    found = tensor_difference(actual, expected, options, chunk)
+    return None if found.ok else found.failure_fields()
+
+
+def tensor_difference(
+    actual, expected, options: EvalOptions | Tolerances, chunk: int = 1 << 26
+) -> TensorDifference:
+    """The errors of `actual` against `expected` (same shape and dtype, same device), and whether
+    they are within the tolerance for expected's dtype: every element within atol + rtol * |e|
+    (exact for integer and bool dtypes), NaN/Inf only where the expected value is the same, and
+    the relative L2 error within its bound."""
+    import torch
+
+    n = expected.numel()
+    if n == 0:
+        return TensorDifference(ok=True, total=0)
+    dtype = dtype_name(expected.dtype)
+    a_flat = actual.reshape(-1)
+    e_flat = expected.reshape(-1)
+    exact = not (expected.is_floating_point() or expected.is_complex())
+    atol, rtol, norm_tol = tolerance_of(options, dtype)
+    if exact:
+        atol = rtol = 0.0
+    work = torch.float64 if expected.dtype in (torch.float64, torch.complex128) else torch.float32
+    bad_count = 0
+    new_nonfinite = 0
+    max_abs = 0.0
+    max_rel = 0.0
+    err_sq = 0.0
+    ref_sq = 0.0
+    worst = (-math.inf, -1)  # (score, flat index)
+    for lo in range(0, n, chunk):
+        a = a_flat[lo : lo + chunk]
+        e = e_flat[lo : lo + chunk]
+        if exact:
+            bad = a != e
+            count = int(bad.sum())
+            if count:
+                bad_count += count
+                if worst[1] < 0:
+                    worst = (math.inf, lo + int(bad.nonzero()[0, 0]))
+            continue
+        if expected.is_complex():
+            a, e = torch.view_as_real(a).to(work), torch.view_as_real(e).to(work)
+        else:
+            a, e = a.to(work), e.to(work)
+        diff = (a - e).abs()
+        tol = atol + rtol * e.abs()
+        e_fin, a_fin = torch.isfinite(e), torch.isfinite(a)
+        same_special = (torch.isnan(a) & torch.isnan(e)) | (~e_fin & ~torch.isnan(e) & (a == e))
+        # where the reference is NaN or Inf only the same value passes
+        bad = (~(diff <= tol) | ~e_fin) & ~same_special
+        count = int(bad.sum())
+        new_nonfinite += int((e_fin & ~a_fin).sum())
+        both = e_fin & a_fin
+        d = torch.where(both, diff, torch.zeros_like(diff))
+        max_abs = max(max_abs, float(d.max()))
+        nz = both & (e != 0)
+        if bool(nz.any()):
+            max_rel = max(max_rel, float((d[nz] / e[nz].abs()).max()))
+        err_sq += float((d * d).sum())
+        ref_sq += float(torch.where(e_fin, e * e, torch.zeros_like(e)).sum())
+        if count:
+            bad_count += count
+            score = torch.where(bad, torch.nan_to_num(diff - tol, nan=math.inf), -math.inf)
+            if not a_fin.all():
+                score = torch.where(bad & ~a_fin & e_fin, torch.full_like(score, math.inf), score)
+            s, idx = torch.max(score, dim=0) if score.dim() else (score, 0)
+            if float(s) > worst[0] or worst[1] < 0:
+                worst = (float(s), lo + int(idx))
+    rel_l2 = math.sqrt(err_sq) / math.sqrt(ref_sq) if ref_sq > 0 else 0.0
+    found = TensorDifference(
+        ok=False,
+        total=n,
+        mismatches=bad_count,
+        max_abs_err=max_abs,
+        max_rel_err=max_rel,
+        rel_l2_err=rel_l2,
+        nonfinite=new_nonfinite,
+    )
+    if bad_count == 0 and (exact or ref_sq == 0 or rel_l2 <= norm_tol):
+        found.ok = True
+        return found
+    if bad_count:
+        flat = worst[1]
+        index = _unravel(flat, tuple(expected.shape)) if expected.dim() else []
+        exp_v = e_flat[flat].item() if not expected.is_complex() else abs(e_flat[flat].item())
+        act_v = a_flat[flat].item() if not expected.is_complex() else abs(a_flat[flat].item())
+        found.worst_index, found.expected, found.actual = index, _num(exp_v), _num(act_v)
+        what = "differ" if not exact else "differ (compared exactly)"
+        message = (
+            f"{bad_count} of {n} elements {what}; worst at {index}: expected {exp_v:.6g}, got "
+            f"{act_v:.6g}; max abs err {max_abs:.3g}, max rel err {max_rel:.3g}"
+        )
+        if not exact:
+            message += f" (atol {atol:g}, rtol {rtol:g} for {dtype})"
+        if new_nonfinite:
+            message += (
+                f"; {new_nonfinite} NaN/Inf where the reference is finite (outputs are filled "
+                "with NaN before each run: elements the candidate never wrote show up this way)"
+            )
+    else:
+        rms = math.sqrt(ref_sq / n)
+        message = (
+            f"every element is within atol/rtol, but the relative L2 error is {rel_l2:.3g} > "
+            f"{norm_tol:g}: the outputs are small (rms {rms:.3g}) and the candidate's are not "
+            "close to them (an all-zero output looks like this)"
+        )
+    found.message = message
+    return found
+
+
+def _num(v) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    out = []
+    for size in reversed(shape):
+        out.append(flat % size)
+        flat //= size
+    return list(reversed(out))
+
+
+# ====================================================================== shared memory
+
+
+def _span(t) -> tuple[int, int] | None:
+    """(first byte, end byte) of the memory a tensor's elements occupy (its element extent)."""
+    if t.numel() == 0:
+        return None
+    start = t.data_ptr()
+    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True))
+    return start, start + (extent + 1) * t.element_size()
+
+
+def overlap(outs: list, others: list) -> tuple[int, int] | None:
+    """(i, j) of the first tensor outs[i] whose elements share bytes with others[j]; else None."""
+    import torch
+
+    spans = [
+        (j, _span(o)) for j, o in enumerate(others) if isinstance(o, torch.Tensor) and o.numel()
+    ]
+    for i, t in enumerate(outs):
+        if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.device.type == "meta":
+            continue
+        a = _span(t)
+        for j, b in spans:
+            if b is not None and a[0] < b[1] and b[0] < a[1]:
+                return i, j
+    return None
+
+
+def aliases(outs: list, inputs: list) -> tuple[int, int] | None:
+    """(output index, input index) of an output that shares memory with an input; else None."""
+    return overlap(outs, inputs)
+
+
+def changed_input(before: list, after: list) -> int | None:
+    """Index of the first tensor of `after` whose values differ from its copy in `before`."""
+    import torch
+
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+        if isinstance(b, torch.Tensor):
+            if b.is_floating_point() or b.is_complex():
+                same = torch.equal(b, a) or bool((torch.isnan(b) & torch.isnan(a) | (b == a)).all())
+            else:
+                same = torch.equal(b, a)
+            if not same:
+                return i
+    return None

@@ -1,0 +1,411 @@
+"""The phases of an evaluation that measure a candidate: warm-up, the timed runs (fresh inputs and
+an L2 flush before each, on a harness stream outside the CUDA events), the CUPTI-traced runs, the
+checked runs; the guards read from those times (unmeasured work, own kernels, bandwidth floor);
+and the extras: torch.compile of the reference, the profile hook."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..profiling.l2_flush import l2_flush
+from .compare import check_outputs
+from .evaluation import Evaluation, _Stop, cloned, one_line, refill
+from .guards import is_own_kernel
+from .results import KernelTime
+from .tracer import _Tracer
+
+# memory bandwidth (bytes/s, datasheet) by device name: the floor no honest forward beats
+DATASHEET_BANDWIDTH = {
+    "H200": 4.8e12,
+    "H100 PCIe": 2.0e12,
+    "H100": 3.35e12,
+    "H800": 3.35e12,
+    "GH200": 4.0e12,
+    "B200": 8.0e12,
+    "B100": 8.0e12,
+    "A100-SXM4-80GB": 2.039e12,
+    "A100": 1.555e12,
+    "L40S": 0.864e12,
+    "L4": 0.3e12,
+    "A10": 0.6e12,
+}
+
+
+@dataclass
+class _Measurement:
+    times: list[float]  # ms per timed run
+    records: list[dict] | None  # CUPTI kernel records of the timed runs (harness stream removed)
+    checked: list  # [(input snapshot, output)] of the checked runs (candidate only)
+    synced: list[float]  # wall ms of the synchronized checked runs
+    checked_events: list[float]  # event ms of the same runs
+    traced: list[float] = field(default_factory=list)  # event ms of the traced runs
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.times)
+
+    @property
+    def spread(self) -> float:
+        if len(self.times) < 2 or self.median <= 0:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(self.times, n=4, method="inclusive")
+        return (q3 - q1) / self.median
+
+
+class TimingPhases(Evaluation):
+    """timing(), compile_reference() and run_profile() of an evaluation."""
+
+    def timing(self) -> None:
+        opts, r = self.opts, self.result
+        sets = self.input_set_count()
+        r.timing.update(
+            method="cuda_events" if self.cuda else "wall_clock",
+            runs=opts.timed_runs,
+            traced_runs=opts.traced_runs if self.cuda else 0,
+            warmup=opts.warmup,
+            warmup_s=opts.warmup_s if self.cuda else 0.0,
+            input_sets=sets,
+            fresh_inputs=opts.fresh_inputs,
+            tf32=opts.allow_tf32,
+        )
+        if self.cuda:
+            self.make_flush_buffer()
+        tracer = _Tracer(self) if self.cuda and opts.traced_runs > 0 else None
+        if self.cuda and tracer is None:
+            r.timing["cupti"] = "off (traced_runs=0)"
+        cand = self.measure(self.candidate, "candidate", sets, tracer)
+        self.check_tampering("the candidate's timed runs")
+        ref = self.measure(self.reference, "reference", sets, tracer)
+        r.candidate_ms, r.candidate_spread = cand.median, cand.spread
+        r.reference_ms, r.reference_spread = ref.median, ref.spread
+        r.timing.update(
+            candidate_mean_ms=cand.mean,
+            candidate_min_ms=min(cand.times),
+            reference_mean_ms=ref.mean,
+            candidate_runs_ms=[round(t, 6) for t in cand.times],
+            reference_runs_ms=[round(t, 6) for t in ref.times],
+        )
+        # the guards read from the times first, so that they are all on record even when a
+        # checked run below turns out wrong
+        if self.cuda:
+            self.unmeasured_check(cand, ref)
+            self.kernel_breakdown(cand, ref)
+        self.bandwidth_check()
+        # the checked runs: the candidate's outputs against the reference on the same values
+        self.settings.apply()
+        for j, (snapshot, out) in enumerate(cand.checked):
+            expected = self.call(self.reference, cloned(snapshot), "reference")
+            self.sync("reference")
+            failure = check_outputs(out, expected, opts, trial=j, seed=None, phase="timed_output")
+            if failure is not None:
+                failure.message = (
+                    f"checked timed run {j + 1} of {len(cand.checked)} (fresh inputs in a buffer "
+                    f"it had been timed on): {failure.message}"
+                )
+                self.incorrect(failure)
+        cand.checked = []
+        self.passed_guard("timed_output")
+
+    def input_set_count(self) -> int:
+        """At most opts.input_sets buffers, fewer when they would not fit (a quarter of free GPU
+        memory for the buffers and their checked-run copies)."""
+        want = self.opts.input_sets
+        if not self.cuda or self.input_bytes == 0:
+            return want
+        free, _ = self.torch.cuda.mem_get_info(self.device)
+        fit = int(free // 4 // max(1, 2 * self.input_bytes + self.output_bytes))
+        return max(1, min(want, fit))
+
+    def make_flush_buffer(self) -> None:
+        self.flush = l2_flush(self.device)  # one per worker process, kept
+        self.result.timing["l2_bytes"] = self.flush.l2_bytes
+        self.result.timing["l2_flush_bytes"] = self.flush.bytes
+        self.result.timing["l2_flush"] = self.flush.description
+        if self.flush.fallback:
+            self.result.notes.append(f"L2 flush: {self.flush.fallback}")
+
+    def prepare_run(self, buffers: list, seed: int | None, index: int) -> None:
+        """Before a run, on the harness stream (outside the events): fresh values into the
+        buffers, then the L2 flush. The forward's stream waits for it."""
+        torch = self.torch
+        if not self.cuda:
+            if seed is not None:
+                refill(buffers, self.problem.make_inputs(seed, self.device, self.ref_module))
+            return
+        main = torch.cuda.current_stream(self.device)
+        side = self.harness_stream
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            if seed is not None:
+                refill(buffers, self.problem.make_inputs(seed, self.device, self.ref_module))
+            self.flush(index)
+        main.wait_stream(side)
+
+    def measure(self, model, who: str, sets: int, tracer) -> _Measurement:
+        torch, opts = self.torch, self.opts
+        base_seed = opts.seed + (100_000 if who == "candidate" else 200_000)
+        buffers = [
+            self.problem.make_inputs(base_seed + k, self.device, self.ref_module)
+            for k in range(sets)
+        ]
+        if self.cuda:
+            self.settings.apply()
+        started, i = time.perf_counter(), 0
+        while i < opts.warmup or (self.cuda and time.perf_counter() - started < opts.warmup_s):
+            self.call(model, buffers[i % sets], who)
+            i += 1
+            if self.cuda and i % 64 == 0:
+                self.sync(who)  # time the GPU's work, not the queueing of it
+        self.sync(who)
+        seed = base_seed + 1000
+        times = self.timed_loop(model, who, buffers, opts.timed_runs, seed, 0)
+        seed += opts.timed_runs
+        records, traced = None, []
+        if tracer is not None:
+            tracer.start()
+            traced = self.timed_loop(model, who, buffers, opts.traced_runs, seed, opts.timed_runs)
+            records = tracer.stop(who)
+            seed += opts.traced_runs
+        # checked runs: synchronized, one per buffer, fresh values, outputs kept
+        checked, synced, checked_events = [], [], []
+        for k in range(sets):
+            seed += 1
+            self.prepare_run(buffers[k], seed, opts.timed_runs + k)
+            snapshot = cloned(buffers[k]) if who == "candidate" else None
+            self.sync(who)
+            if self.cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter_ns()
+                start.record()
+                out = self.call(model, buffers[k], who)
+                end.record()
+                self.sync(who)
+                synced.append((time.perf_counter_ns() - t0) / 1e6)
+                checked_events.append(start.elapsed_time(end))
+            else:
+                out = self.call(model, buffers[k], who)
+            if who == "candidate":
+                checked.append((snapshot, out))
+            del out
+        if who == "candidate":
+            self.timed_buffers = buffers
+        return _Measurement(times, records, checked, synced, checked_events, traced)
+
+    def timed_loop(self, model, who: str, buffers: list, runs: int, seed: int, first: int):
+        """`runs` runs rotating among `buffers`, each prepared (fresh values from seed + 1, +2, ...,
+        flush) on the harness stream; ms per run (CUDA events, or the wall clock on a CPU)."""
+        torch, sets = self.torch, len(buffers)
+        times: list[float] = []
+        events = []
+        for i in range(runs):
+            k = (first + i) % sets
+            if self.cuda:
+                self.check_l2()
+            seed += 1
+            self.prepare_run(buffers[k], seed if self.opts.fresh_inputs else None, first + i)
+            if self.cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = self.call(model, buffers[k], who)
+                end.record()
+                events.append((start, end))
+            else:
+                t0 = time.perf_counter_ns()
+                out = self.call(model, buffers[k], who)
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+            del out
+        self.sync(who)
+        if self.cuda:
+            times = [s.elapsed_time(e) for s, e in events]
+        return times
+
+    def unmeasured_check(self, cand: _Measurement, ref: _Measurement) -> None:
+        """Work the events did not see: a synchronized run that takes much longer than its events
+        (another stream, deferred work), and, with CUPTI, kernels busier than the event window."""
+        r = self.result
+        if not cand.synced:
+            return
+        synced = statistics.median(cand.synced)
+        events = statistics.median(cand.checked_events)
+        ref_gap = max(0.0, statistics.median(ref.synced) - statistics.median(ref.checked_events))
+        gap = synced - events
+        r.timing.update(candidate_synced_ms=synced, candidate_checked_events_ms=events)
+        if gap > 0.1 + 0.25 * events + 2 * ref_gap:
+            self.fire(
+                "unmeasured_work",
+                f"a synchronized run took {synced:.4f} ms of which the CUDA events saw {events:.4f}"
+                " ms: work ran outside the timed window (another stream, or deferred)",
+            )
+        busy = r.timing.get("cupti_busy_ms")
+        if busy is not None and cand.traced:
+            mean = statistics.fmean(cand.traced)
+            r.timing["candidate_traced_mean_ms"] = mean
+            if busy > 1.2 * mean + 0.005:
+                self.fire(
+                    "unmeasured_work",
+                    f"CUPTI saw the GPU busy {busy:.4f} ms per forward with the candidate's "
+                    f"kernels, but the CUDA events measured {mean:.4f} ms: kernels ran outside "
+                    "the timed window (another stream, or deferred)",
+                )
+        self.passed_guard("unmeasured_work")
+
+    def kernel_breakdown(self, cand: _Measurement, ref: _Measurement) -> None:
+        r, runs = self.result, self.opts.traced_runs
+        if cand.records is None:
+            reason = r.timing.get("cupti", "CUPTI tracing unavailable")
+            r.notes.append(f"no per-kernel times: {reason}")
+            self.static_own_check()
+            return
+        ref_names = {rec["name"] for rec in ref.records or ()}
+        names = {rec["name"] for rec in cand.records}
+        own = {name for name in names if is_own_kernel(name, self.own_names)}
+        borrowed = own & ref_names
+        own -= ref_names
+        if borrowed:
+            r.notes.append(
+                "kernel(s) named like the reference's own were not counted as the candidate's: "
+                + ", ".join(sorted(borrowed))
+            )
+        per_name: dict[str, list[int]] = {}
+        for rec in cand.records:
+            per_name.setdefault(rec["name"], []).append(rec["duration_ns"])
+        r.kernels = sorted(
+            (
+                KernelTime(
+                    name=name,
+                    calls=round(len(d) / runs) or 1,
+                    total_us=sum(d) / runs / 1e3,
+                    mean_us=sum(d) / len(d) / 1e3,
+                    own=name in own,
+                )
+                for name, d in per_name.items()
+            ),
+            key=lambda k: -k.total_us,
+        )
+        total = sum(k.total_us for k in r.kernels)
+        own_total = sum(k.total_us for k in r.kernels if k.own)
+        r.own_kernel_share = own_total / total if total > 0 else 0.0
+        r.timing["cupti_kernel_ms"] = total / 1e3
+        if ref.records:
+            ref_total = sum(rec["duration_ns"] for rec in ref.records)
+            r.timing["reference_cupti_kernel_ms"] = ref_total / runs / 1e6
+        if own_total == 0:
+            names = ", ".join(k.name[:60] for k in r.kernels[:4]) or "no kernels at all"
+            self.fire(
+                "no_own_kernels",
+                f"none of the GPU time is in the candidate's own kernels (ran: {names})",
+            )
+        self.passed_guard("no_own_kernels")
+
+    def static_own_check(self) -> None:
+        """Without CUPTI: does the candidate at least compile kernels of its own?"""
+        if not self.own_names or not (self.hooks.sources or self.hooks.compiled_modules):
+            self.fire(
+                "no_own_kernels",
+                "the candidate compiles no CUDA kernels (static check: CUPTI was unavailable)",
+            )
+        else:
+            self.result.notes.append(
+                "no_own_kernels checked statically (the candidate compiles kernels "
+                f"{', '.join(sorted(self.own_names))}); CUPTI was unavailable to see them run"
+            )
+            self.passed_guard("no_own_kernels")
+
+    def bandwidth_check(self) -> None:
+        r, torch = self.result, self.torch
+        ceiling = self.opts.bandwidth_ceiling
+        source = "given"
+        if ceiling is None and self.cuda:
+            ceiling, source = _datasheet_bandwidth(torch, self.device)
+        if ceiling is None:
+            self.skipped["bandwidth_floor"] = "no memory bandwidth known for a CPU; pass " \
+                "bandwidth_ceiling (bytes/s) to check"  # fmt: skip
+            return
+        l2 = self.flush.l2_bytes if self.flush is not None else 0
+        floor_bytes = self.input_bytes + max(0, self.output_bytes - l2)
+        floor_ms = floor_bytes / ceiling * 1e3
+        r.timing.update(
+            bandwidth_ceiling=ceiling,
+            bandwidth_ceiling_source=source,
+            floor_bytes=floor_bytes,
+            floor_ms=floor_ms,
+        )
+        if r.candidate_ms is not None and r.candidate_ms < floor_ms:
+            self.fire(
+                "bandwidth_floor",
+                f"{r.candidate_ms:.4f} ms is below the {floor_ms:.4f} ms that moving "
+                f"{floor_bytes} bytes (inputs + outputs) takes at {ceiling / 1e12:.2f} TB/s",
+            )
+        self.passed_guard("bandwidth_floor")
+
+    # ------------------------------------------------------------------ extras
+
+    def compile_reference(self) -> None:
+        torch, r = self.torch, self.result
+        try:
+            compiled = torch.compile(self.reference)
+            m = self.measure(compiled, "compiled reference", self.input_set_count(), None)
+            r.compiled_reference_ms = m.median
+            r.timing["compiled_reference_spread"] = m.spread
+        except _Stop:
+            raise
+        except Exception as e:  # noqa: BLE001 - torch.compile failing is a note, not a failure
+            r.notes.append(f"torch.compile of the reference failed: {one_line(e)}")
+
+    def run_profile(self) -> None:
+        r = self.result
+        target = self.opts.profile
+        spec = target if isinstance(target, str) else "cudaforge.profiling.profiler:profile_forward"
+        try:
+            module_name, _, func_name = spec.partition(":")
+            hook = getattr(__import__(module_name, fromlist=[func_name]), func_name)
+        except (ImportError, AttributeError) as e:
+            r.notes.append(f"profile: {spec} is not available ({one_line(e)})")
+            return
+        inputs = self.problem.make_inputs(self.opts.seed + 400_000, self.device, self.ref_module)
+
+        def forward():
+            return self.candidate(*inputs)
+
+        extra: dict[str, Any] = {}
+        if spec.endswith(":profile_forward"):
+            # what profile_forward can use from the candidate's cudaforge.compile modules
+            resources, kernels = {}, {}
+            for mod in self.hooks.compiled_modules if self.hooks else ():
+                with contextlib.suppress(Exception):
+                    resources.update(mod.resources)
+                    kernels.update({name: mod.kernel(name) for name in mod.kernels})
+            extra = {"resources": resources or None, "kernels": kernels or None}
+        try:
+            got = hook(
+                forward,
+                own=sorted(self.own_names),
+                min_bytes=self.input_bytes + self.output_bytes,
+                **extra,
+            )
+            r.profile = got.to_dict() if hasattr(got, "to_dict") else dict(got)
+        except Exception as e:  # noqa: BLE001 - profiling is best effort; the reason is kept
+            r.notes.append(f"profile failed: {type(e).__name__}: {one_line(e)}")
+
+
+def _datasheet_bandwidth(torch, device) -> tuple[float | None, str]:
+    props = torch.cuda.get_device_properties(device)
+    name = props.name
+    for key in sorted(DATASHEET_BANDWIDTH, key=len, reverse=True):
+        if key in name:
+            return DATASHEET_BANDWIDTH[key], f"datasheet ({key})"
+    clock = getattr(props, "memory_clock_rate", 0)  # kHz
+    width = getattr(props, "memory_bus_width", 0)  # bits
+    if clock and width:
+        return 2.0 * clock * 1e3 * width / 8, "memory clock x bus width"
+    return None, "unknown"
