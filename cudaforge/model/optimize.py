@@ -39,17 +39,10 @@ from torch import nn
 
 from ..errors import CudaforgeError
 from ..harness.results import EvalResult
-from .hotspots import (
-    MAX_HOTSPOTS,
-    MIN_SHARE,
-    Hotspot,
-    find_hotspots,
-    model_device,
-    split_inputs,
-    time_call,
-)
+from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot, find_hotspots
 from .store import KernelStore
 from .swap import SwapError, compare, restore, swap_in, swaps
+from .timing import model_device, split_inputs, time_call
 
 Evaluate = Callable[[str, str], EvalResult]
 

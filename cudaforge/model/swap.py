@@ -46,7 +46,10 @@ import torch
 from torch import Tensor, fx, nn
 
 from ..errors import CudaforgeError, VerificationError
-from .hotspots import Site, TensorSpec, _fetch, load_problem, rebuild_output, time_call
+from .codegen import TensorSpec, load_problem
+from .sites import Site, rebuild_output
+from .timing import time_call
+from .tracing import fetch_attribute as _fetch
 
 # per-dtype tolerances of the checks made here (swap time, shadow checks); the workers' check
 # before (cudaforge.harness.evaluate) is the strict one
