@@ -1,5 +1,6 @@
-"""cudaforge/report.py: the paper's numbers on a small hand-made results file whose answers are
-worked out below, the markdown and HTML renderings, and the errors for unusable files."""
+"""cudaforge/reporting (summary, markdown, html): the paper's numbers on a small hand-made results
+file whose answers are worked out below, the markdown and HTML renderings, and the errors for
+unusable files."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from cudaforge.cli.bench import BenchProblem, run_bench
-from cudaforge.reporting.report import report, summarize
+from cudaforge.reporting.summary import report, summarize
 
 SVG = "{http://www.w3.org/2000/svg}"
 
