@@ -1,6 +1,7 @@
-"""cudaforge/hotspots.py on the CPU: profiling, candidates (leaf modules, chains, blocks) on an MLP,
-two transformer blocks and a conv net, and the generated problems: valid KernelBench sources whose
-Model, given the captured weights, reproduces the original module's output."""
+"""cudaforge/model/hotspots.py and its parts on the CPU: profiling, candidates (leaf modules,
+chains, blocks) on an MLP, two transformer blocks and a conv net, and the generated problems: valid
+KernelBench sources whose Model, given the captured weights, reproduces the original module's
+output."""
 
 from __future__ import annotations
 
@@ -12,13 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from cudaforge.harness.problem import Problem
-from cudaforge.model.hotspots import (
-    HotspotError,
-    find_hotspots,
-    init_arguments,
-    load_problem,
-    profile_model,
-)
+from cudaforge.model.codegen import init_arguments, load_problem
+from cudaforge.model.hotspots import HotspotError, find_hotspots
+from cudaforge.model.timing import profile_model
 
 # ---------------------------------------------------------------- small models (also used by the
 # swap and optimize tests)
@@ -393,7 +390,7 @@ def test_multihead_attention_module_with_keyword_arguments():
 
 
 def test_inputs_keep_their_layout():
-    from cudaforge.model.hotspots import NotExtractable, _input_source
+    from cudaforge.model.codegen import NotExtractable, _input_source
 
     permuted = torch.randn(2, 5, 3, 4).permute(0, 2, 3, 1)
     made = eval(_input_source(permuted), {"torch": torch})

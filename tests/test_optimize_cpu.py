@@ -234,3 +234,11 @@ def test_errors():
     assert _budget(2) == (2.0, None) and _budget({"seconds": 60}) == (None, 60)
     with pytest.raises(ValueError, match="needs a store"):
         cudaforge.load(Net(), (torch.randn(4, 64),), store=False, progress=False)
+
+
+def test_options_after_example_inputs_are_keywords_and_load_is_apply_stored():
+    from cudaforge.model.optimize import apply_stored, load
+
+    assert load is apply_stored
+    with pytest.raises(TypeError):
+        cudaforge.optimize(Net(), (torch.randn(4, 64),), "scripted:")

@@ -1,5 +1,6 @@
-"""cudaforge/report.py: the paper's numbers on a small hand-made results file whose answers are
-worked out below, the markdown and HTML renderings, and the errors for unusable files."""
+"""cudaforge/reporting (summary, markdown, html): the paper's numbers on a small hand-made results
+file whose answers are worked out below, the markdown and HTML renderings, and the errors for
+unusable files."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from cudaforge.cli.bench import BenchProblem, run_bench
-from cudaforge.reporting.report import report, summarize
+from cudaforge.reporting.summary import report, summarize
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -185,3 +186,18 @@ def test_bench_output_feeds_the_report(tmp_path):
     assert o.problems == 4 and o.correct == 3 and o.errors == 1
     assert o.fast_p["fast_1"] == pytest.approx(2 / 4)  # speedups 2 and 3 beat 1; 1 does not
     assert o.geomean_speedup == pytest.approx(math.prod([1.0, 2.0, 3.0]) ** (1 / 3))
+
+
+def test_optimize_chart_is_well_formed_and_numbers_read_alike():
+    from cudaforge.reporting.formatting import milliseconds, times
+    from cudaforge.reporting.html import before_after_svg
+
+    svg = ET.fromstring(before_after_svg([("end to end", 2.0, 1.0), ("a <b> & c", 0.05, None)]))
+    tips = [r.find(f"{SVG}title").text for r in svg.iter(f"{SVG}rect")]
+    assert tips == [
+        "end to end, before: 2 ms",
+        "end to end, after: 1 ms",
+        "a <b> & c, before: 0.05 ms",
+    ]
+    assert times(None) == "-" and times(None, "n/a") == "n/a" and times(1.234) == "1.23x"
+    assert milliseconds(0.05) == "50.0 us" and milliseconds(2.0) == "2 ms"

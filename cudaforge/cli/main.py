@@ -232,7 +232,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from ..reporting.report import report
+    from ..reporting.summary import report
 
     summary = report(*args.results)
     if args.json:
@@ -255,8 +255,9 @@ def cmd_optimize(args) -> int:
         if needed not in script:
             raise ValueError(f"{args.script} must define {needed}()")
     model, inputs = script["get_model"](), script["get_inputs"]()
-    result = optimize(model, inputs, llm=args.llm, judge=args.judge, rounds=args.rounds,
-                      training=args.training)
+    result = optimize(
+        model, inputs, llm=args.llm, judge=args.judge, rounds=args.rounds, training=args.training
+    )
     print(result.report())
     return EXIT_OK
 

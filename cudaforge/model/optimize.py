@@ -1,13 +1,15 @@
-"""The front door: `optimize(model, example_inputs)` and `load(model, example_inputs)`.
+"""The front door: `optimize(model, example_inputs)` and `apply_stored(model, example_inputs)`
+(also named `load`).
 
 optimize:
 1. works on a deep copy of the model (inplace=True: on the model itself) and finds its hot spots
    on the example inputs (cudaforge.model.hotspots): one KernelBench problem each;
 2. per hot spot, a kernel: from the store when one was verified for the same problem, GPU arch,
    dtype and shapes and it passes again in a worker now; else the Coder/Judge loop
-   (cudaforge.agents.loop), each candidate evaluated in a worker process (cudaforge.harness.pool). Hot spots
-   run side by side when the pool has several workers. A candidate that is correct and faster
-   than the reference is stored the moment its evaluation says so;
+   (cudaforge.agents.loop), each candidate evaluated in a worker process
+   (cudaforge.harness.pool). Hot spots run side by side when the pool has several workers. A
+   candidate that is correct and faster than the reference is stored the moment its evaluation
+   says so;
 3. swaps in the fastest such kernel of each hot spot, once it also passes the checks in this
    process (captured inputs and fresh ones, gradients with training=True) and is faster here
    (cudaforge.model.swap); the others keep the original code;
@@ -17,20 +19,20 @@ Ctrl-C during step 2 stops the agents (a loop ends at its next evaluation); what
 far is already stored and is swapped in; the result says it was interrupted. A second Ctrl-C
 stops at once.
 
-load does steps 1, 2 (store only, no LLM at all: a stored kernel is re-verified in a worker on
-this GPU first), 3 and 4.
+apply_stored does steps 1, 2 (store only, no LLM at all: a stored kernel is re-verified in a
+worker on this GPU first), 3 and 4. The report of either, as text and as HTML, is made in
+cudaforge.reporting.
 """
 
 from __future__ import annotations
 
 import copy
-import html
 import math
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,127 +41,18 @@ from torch import nn
 
 from ..errors import CudaforgeError
 from ..harness.results import EvalResult
-from .hotspots import (
-    MAX_HOTSPOTS,
-    MIN_SHARE,
-    Hotspot,
-    find_hotspots,
-    model_device,
-    split_inputs,
-    time_call,
-)
+from ..reporting.formatting import times
+from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot, find_hotspots
+from .outcomes import HotspotOutcome, OptimizeResult
 from .store import KernelStore
 from .swap import SwapError, compare, restore, swap_in, swaps
+from .timing import model_device, split_inputs, time_call
 
 Evaluate = Callable[[str, str], EvalResult]
 
 
 class _Interrupted(Exception):
     """Raised inside an agents loop to end it (Ctrl-C in the caller)."""
-
-
-# ---------------------------------------------------------------- results
-
-
-@dataclass
-class HotspotOutcome:
-    """What happened to one hot spot.
-
-    status: 'swapped' (its kernel runs in the model), 'no_kernel' (no candidate was correct and
-    faster), 'slower_here' (faster in the worker, not in this process), 'refused' (failed the
-    checks in this process), 'interrupted' (stopped before a kernel was found), 'error'.
-    before_ms/after_ms: one call of the original / the kernel, timed in this process on the
-    captured inputs. evidence: the worker's EvalResult of the kernel (trials, tolerances,
-    guards, timing) and the in-process checks (SwapCheck)."""
-
-    name: str
-    kind: str
-    label: str
-    sites: list[str]
-    problem_hash: str
-    share: float
-    status: str = "no_kernel"
-    detail: str = ""
-    origin: str = ""  # 'agents' or 'store'
-    before_ms: float | None = None
-    after_ms: float | None = None
-    worker_result: dict[str, Any] | None = None
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    cost_usd: float = 0.0
-    llm_calls: int = 0
-    rounds: int = 0
-    candidates: int = 0
-    transcript: str = ""
-    stored_id: int | None = None
-    kernel_source: str = ""
-    problem_source: str = ""
-    last_result: str = ""  # the last candidate's evaluation, in one line
-
-    @property
-    def speedup(self) -> float | None:
-        if self.before_ms and self.after_ms:
-            return self.before_ms / self.after_ms
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "speedup": self.speedup}
-
-
-@dataclass
-class OptimizeResult:
-    """What optimize() or load() did. `model` is the optimized model (the copy, or the model
-    itself with inplace=True). before_ms/after_ms: the forward on the example inputs (median,
-    ms); max_abs_err: between the two models' outputs."""
-
-    model: nn.Module
-    hotspots: list[HotspotOutcome]
-    model_name: str = ""
-    device: str = ""
-    arch: str = ""
-    before_ms: float | None = None
-    after_ms: float | None = None
-    max_abs_err: float | None = None
-    outputs_match: bool | None = None
-    interrupted: bool = False
-    seconds: float = 0.0
-    skipped: list[str] = field(default_factory=list)
-    store: str = ""
-    training: bool = False
-    mode: str = "optimize"
-    profile: str = ""  # where the forward spent its time before (torch.profiler, per module/op)
-
-    @property
-    def speedup(self) -> float | None:
-        """End-to-end: before_ms / after_ms on the example inputs."""
-        if self.before_ms and self.after_ms:
-            return self.before_ms / self.after_ms
-        return None
-
-    @property
-    def swapped(self) -> list[HotspotOutcome]:
-        return [h for h in self.hotspots if h.status == "swapped"]
-
-    @property
-    def cost_usd(self) -> float:
-        return sum(h.cost_usd for h in self.hotspots)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k not in ("model", "hotspots")}
-        data["hotspots"] = [h.to_dict() for h in self.hotspots]
-        data["speedup"] = self.speedup
-        data["cost_usd"] = self.cost_usd
-        return data
-
-    def report(self) -> str:
-        """The report as text: end-to-end speedup, then per hot spot before/after, speedup,
-        status, evidence and cost."""
-        return _text_report(self)
-
-    def _repr_html_(self) -> str:
-        return _html_report(self)
-
-    def __str__(self) -> str:
-        return self.report()
 
 
 # ---------------------------------------------------------------- progress
@@ -589,7 +482,7 @@ class _Run:
 
 def _one_line(result: EvalResult) -> str:
     if result.ok:
-        return f"correct, {_x(result.speedup)}"
+        return f"correct, {times(result.speedup, 'n/a')}"
     error = result.error.splitlines()[0][:160] if result.error else ""
     return result.status + (f": {error}" if error else "")
 
@@ -630,6 +523,7 @@ def _store(store) -> KernelStore | None:
 def optimize(
     model: nn.Module,
     example_inputs,
+    *,
     llm="openai:o3",
     judge=None,
     budget=None,
@@ -640,7 +534,6 @@ def optimize(
     rounds: int = 10,
     pool=None,
     progress: bool = True,
-    *,
     evaluate: Evaluate | None = None,
     store=None,
     reuse: bool = True,
@@ -713,7 +606,7 @@ def optimize(
         return run.run(agent_options)
 
 
-def load(
+def apply_stored(
     model: nn.Module,
     example_inputs,
     *,
@@ -742,175 +635,11 @@ def load(
         eval_options=eval_options,
     )  # fmt: skip
     if run.store is None:
-        raise ValueError("load() needs a store (store=False leaves nothing to load)")
+        raise ValueError("apply_stored() needs a store (store=False leaves nothing to apply)")
     return run.run(None)
 
 
-# ---------------------------------------------------------------- reports
+load = apply_stored  # the name it had first
 
 
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value * 1000:.1f} us" if value < 0.1 else f"{value:.3g} ms"
-
-
-def _x(value: float | None) -> str:
-    return f"{value:.2f}x" if value else "n/a"
-
-
-_STATUS_TEXT = {
-    "swapped": "swapped",
-    "no_kernel": "kept original: no faster correct kernel",
-    "slower_here": "kept original: slower in this process",
-    "refused": "kept original: failed the checks here",
-    "interrupted": "kept original: interrupted",
-    "error": "kept original: error",
-}
-
-
-def _evidence(outcome: HotspotOutcome) -> str:
-    parts = []
-    worker = outcome.worker_result or {}
-    if worker:
-        tol = {k.rpartition(".")[2]: v for k, v in (worker.get("tolerances") or {}).items()}
-        tolerance = ", ".join(f"{k} {v:g}" for k, v in sorted(tol.items()))
-        parts.append(
-            f"{worker.get('trials', 0)} worker trials passed"
-            + (f" ({tolerance})" if tolerance else "")
-            + (f" on {worker['device']}" if worker.get("device") else "")
-            + (
-                f", {_ms(worker.get('reference_ms'))} -> {_ms(worker.get('candidate_ms'))} "
-                f"({_x(worker.get('speedup'))}) there"
-                if worker.get("speedup")
-                else ""
-            )
-        )
-    if outcome.checks:
-        trials = sum(c["trials"] for c in outcome.checks)
-        worst = max(c["max_abs_err"] for c in outcome.checks)
-        parts.append(
-            f"{trials} in-process trials over {len(outcome.checks)} site(s), max abs error "
-            f"{worst:.2g}"
-        )
-        if all(c["gradient_checked"] for c in outcome.checks):
-            backward = any(c["backward_kernel"] for c in outcome.checks)
-            parts.append(f"gradients checked ({'backward kernel' if backward else 'recompute'})")
-    return "; ".join(parts)
-
-
-def _text_report(result: OptimizeResult) -> str:
-    lines = [
-        f"cudaforge.{result.mode}: {result.model_name} on {result.device or 'n/a'}"
-        f" [{result.arch}]{' (training)' if result.training else ''}"
-        + (" -- INTERRUPTED, verified kernels kept" if result.interrupted else "")
-    ]
-    match = (
-        f"outputs match (max abs error {result.max_abs_err:.2g})"
-        if result.outputs_match
-        else f"OUTPUTS DIFFER (max abs error {result.max_abs_err:.3g}); kernels taken out"
-    )
-    lines.append(
-        f"end-to-end on the example inputs: {_ms(result.before_ms)} -> {_ms(result.after_ms)}"
-        f" ({_x(result.speedup)}); {match}"
-    )
-    lines.append("")
-    header = f"{'hot spot':<44} {'share':>6} {'before':>10} {'after':>10} {'speedup':>8}  status"
-    lines.append(header)
-    lines.append("-" * len(header))
-    for h in result.hotspots:
-        name = h.name if len(h.name) <= 44 else h.name[:41] + "..."
-        lines.append(
-            f"{name:<44} {h.share:>6.1%} {_ms(h.before_ms):>10} {_ms(h.after_ms):>10} "
-            f"{_x(h.speedup):>8}  {_STATUS_TEXT.get(h.status, h.status)}"
-        )
-        details = []
-        if len(h.sites) > 1:
-            details.append(f"{len(h.sites)} sites: {', '.join(h.sites)}")
-        evidence = _evidence(h)
-        if evidence:
-            details.append(f"evidence: {evidence}")
-        origin = {"agents": "written by the agents", "store": "from the store"}.get(h.origin, "")
-        cost = f"${h.cost_usd:.2f}, {h.llm_calls} LLM calls" if h.llm_calls else ""
-        tail = ", ".join(x for x in (origin, cost, f"{h.candidates} candidate(s) evaluated") if x)
-        details.append(tail)
-        if h.detail:
-            details.append(h.detail.splitlines()[0][:200])
-        lines += [f"    {d}" for d in details if d]
-    lines.append("")
-    lines.append(
-        f"cost: ${result.cost_usd:.2f} over {sum(h.llm_calls for h in result.hotspots)} LLM "
-        f"calls; {result.seconds:.1f} s"
-        + (f"; kernels stored in {result.store}" if result.store else "")
-    )
-    if result.skipped:
-        lines.append(f"not candidates ({len(result.skipped)}): " + "; ".join(result.skipped[:5]))
-    if result.profile:
-        lines += ["", "profile before (torch.profiler):", result.profile]
-    return "\n".join(lines)
-
-
-def _svg_bars(result: OptimizeResult) -> str:
-    """Before/after time per hot spot (and end to end) as horizontal bars."""
-    rows = [("end to end", result.before_ms, result.after_ms)]
-    rows += [(h.name, h.before_ms, h.after_ms) for h in result.hotspots if h.before_ms]
-    top = max([v for _, a, b in rows for v in (a, b) if v] or [1.0])
-    width, label_w, bar_h = 560, 230, 9
-    height = 16 + len(rows) * (2 * bar_h + 10)
-    parts = [
-        (
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            'font-family="sans-serif" font-size="11">'
-        ),
-        f'<text x="{label_w}" y="11" fill="#666">ms (grey: before, green: after)</text>',
-    ]
-    y = 18
-    for name, before, after in rows:
-        label = html.escape(name if len(name) <= 36 else name[:33] + "...")
-        parts.append(f'<text x="0" y="{y + bar_h + 3}">{label}</text>')
-        for value, color, dy in ((before, "#bbb", 0), (after, "#2a9d55", bar_h + 1)):
-            if value:
-                w = max(1.0, (width - label_w - 60) * value / top)
-                parts.append(
-                    f'<rect x="{label_w}" y="{y + dy}" width="{w:.1f}" height="{bar_h}" '
-                    f'fill="{color}"/><text x="{label_w + w + 3:.1f}" y="{y + dy + 8}" '
-                    f'fill="#444">{value:.3g}</text>'
-                )
-        y += 2 * bar_h + 10
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _html_report(result: OptimizeResult) -> str:
-    esc = html.escape
-    rows = []
-    for h in result.hotspots:
-        rows.append(
-            "<tr>"
-            f"<td>{esc(h.name)}<br><small>{esc(', '.join(h.sites))}</small></td>"
-            f"<td>{h.share:.1%}</td><td>{_ms(h.before_ms)}</td><td>{_ms(h.after_ms)}</td>"
-            f"<td><b>{_x(h.speedup)}</b></td>"
-            f"<td>{esc(_STATUS_TEXT.get(h.status, h.status))}"
-            f"{'<br><small>' + esc(h.detail.splitlines()[0][:200]) + '</small>' if h.detail else ''}"
-            f"</td><td><small>{esc(_evidence(h))}</small></td>"
-            f"<td>${h.cost_usd:.2f}</td></tr>"
-        )
-    match = (
-        f"outputs match (max abs error {result.max_abs_err:.2g})"
-        if result.outputs_match
-        else f"<b>outputs differ</b> (max abs error {result.max_abs_err:.3g}); kernels taken out"
-    )
-    return (
-        '<div class="cudaforge-report">'
-        f"<h4>cudaforge.{result.mode}: {esc(result.model_name)} on {esc(result.device)} "
-        f"[{esc(result.arch)}]{' &mdash; interrupted' if result.interrupted else ''}</h4>"
-        f"<p>End to end on the example inputs: {_ms(result.before_ms)} &rarr; "
-        f"{_ms(result.after_ms)} (<b>{_x(result.speedup)}</b>); {match}. "
-        f"Cost ${result.cost_usd:.2f}, {result.seconds:.1f} s.</p>"
-        f"{_svg_bars(result)}"
-        "<table><thead><tr><th>hot spot</th><th>share</th><th>before</th><th>after</th>"
-        "<th>speedup</th><th>status</th><th>evidence</th><th>cost</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
-    )
-
-__all__ = ["HotspotOutcome", "OptimizeResult", "load", "optimize"]
+__all__ = ["apply_stored", "load", "optimize"]

@@ -48,7 +48,10 @@ from torch import Tensor, fx, nn
 from ..errors import CudaforgeError, VerificationError
 from ..harness.compare import aliases, tensor_difference
 from ..harness.options import Tolerances, tolerance_of
-from .hotspots import Site, TensorSpec, _fetch, load_problem, rebuild_output, time_call
+from .codegen import TensorSpec, load_problem
+from .sites import Site, rebuild_output
+from .timing import time_call
+from .tracing import fetch_attribute as _fetch
 
 
 class FallbackWarning(UserWarning):

@@ -1,0 +1,118 @@
+"""What `optimize` and `apply_stored` return: an OptimizeResult (the model, end-to-end times,
+the output check, cost) with one HotspotOutcome per hot spot (what happened to it and the
+evidence for its kernel). Both are plain data (`to_dict()`); the result reads as text
+(`report()`) and as HTML in a notebook, made by cudaforge.reporting."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..reporting.html import optimize_html
+from ..reporting.markdown import optimize_text
+
+
+@dataclass
+class HotspotOutcome:
+    """What happened to one hot spot.
+
+    status: 'swapped' (its kernel runs in the model), 'no_kernel' (no candidate was correct and
+    faster), 'slower_here' (faster in the worker, not in this process), 'refused' (failed the
+    checks in this process), 'interrupted' (stopped before a kernel was found), 'error'.
+    before_ms/after_ms: one call of the original / the kernel, timed in this process on the
+    captured inputs. evidence: the worker's EvalResult of the kernel (trials, tolerances,
+    guards, timing) and the in-process checks (SwapCheck)."""
+
+    name: str
+    kind: str
+    label: str
+    sites: list[str]
+    problem_hash: str
+    share: float
+    status: str = "no_kernel"
+    detail: str = ""
+    origin: str = ""  # 'agents' or 'store'
+    before_ms: float | None = None
+    after_ms: float | None = None
+    worker_result: dict[str, Any] | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    cost_usd: float = 0.0
+    llm_calls: int = 0
+    rounds: int = 0
+    candidates: int = 0
+    transcript: str = ""
+    stored_id: int | None = None
+    kernel_source: str = ""
+    problem_source: str = ""
+    last_result: str = ""  # the last candidate's evaluation, in one line
+
+    @property
+    def speedup(self) -> float | None:
+        if self.before_ms and self.after_ms:
+            return self.before_ms / self.after_ms
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "speedup": self.speedup}
+
+
+@dataclass
+class OptimizeResult:
+    """What optimize() or apply_stored() did. `model` is the optimized model (the copy, or the model
+    itself with inplace=True). before_ms/after_ms: the forward on the example inputs (median,
+    ms); max_abs_err: between the two models' outputs."""
+
+    model: nn.Module
+    hotspots: list[HotspotOutcome]
+    model_name: str = ""
+    device: str = ""
+    arch: str = ""
+    before_ms: float | None = None
+    after_ms: float | None = None
+    max_abs_err: float | None = None
+    outputs_match: bool | None = None
+    interrupted: bool = False
+    seconds: float = 0.0
+    skipped: list[str] = field(default_factory=list)
+    store: str = ""
+    training: bool = False
+    mode: str = "optimize"
+    profile: str = ""  # where the forward spent its time before (torch.profiler, per module/op)
+
+    @property
+    def speedup(self) -> float | None:
+        """End-to-end: before_ms / after_ms on the example inputs."""
+        if self.before_ms and self.after_ms:
+            return self.before_ms / self.after_ms
+        return None
+
+    @property
+    def swapped(self) -> list[HotspotOutcome]:
+        return [h for h in self.hotspots if h.status == "swapped"]
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(h.cost_usd for h in self.hotspots)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k not in ("model", "hotspots")}
+        data["hotspots"] = [h.to_dict() for h in self.hotspots]
+        data["speedup"] = self.speedup
+        data["cost_usd"] = self.cost_usd
+        return data
+
+    def report(self) -> str:
+        """The report as text: end-to-end speedup, then per hot spot before/after, speedup,
+        status, evidence and cost."""
+        return optimize_text(self)
+
+    def _repr_html_(self) -> str:
+        return optimize_html(self)
+
+    def __str__(self) -> str:
+        return self.report()
+
+
+__all__ = ["HotspotOutcome", "OptimizeResult"]
