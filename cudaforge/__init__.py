@@ -1,28 +1,17 @@
 """cudaforge: LLM agents write CUDA kernels for a PyTorch model's hot ops; each kernel is proven
 against the PyTorch reference on the GPU before it is used.
 
-Imports on any machine: the CUDA libraries are loaded on first use.
+Imports on any machine: the CUDA libraries are loaded on first use. The four exceptions here are
+the ones a user catches; every other one is in cudaforge.errors, whose docstring says why.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from . import errors
 from .cuda.kernel import CompiledModule, compile, synchronize
-from .errors import (
-    CompileError,
-    CudaError,
-    CudaforgeError,
-    ExtraNotInstalled,
-    HTTPError,
-    KernelFault,
-    LibraryNotFound,
-    LLMError,
-    NeedsKeyError,
-    NoGPUError,
-    ProfilerError,
-    VerificationError,
-)
+from .errors import CompileError, CudaforgeError, LLMError, NoGPUError
 from .harness.evaluate import evaluate
 from .harness.problem import Problem
 from .harness.results import EvalResult
@@ -30,24 +19,28 @@ from .profiling.profiler import profile
 
 __version__ = "0.1.0"
 
-# name -> module that defines it; imported on first use so that `import cudaforge` stays light
-# (evaluate, Problem and profile are imported eagerly: each shares its name with its module, and
-# an eager import keeps the package attribute the function rather than the submodule)
+# name -> where it is defined, imported on first use: these pull in torch, the agents or Ray, and
+# `import cudaforge` stays light. forge is the Coder/Judge loop (agents.loop.run_loop); load is
+# the older name of apply_stored (apply a model's stored kernels).
 _LAZY = {
-    "WorkerPool": "harness.pool",
-    "RayPool": "harness.ray_pool",
-    "optimize": "model.optimize",
-    "load": "model.optimize",
-    "restore": "model.swap",
-    "doctor": "cli.doctor",
+    "LoopResult": "agents.loop.LoopResult",
+    "OptimizeResult": "model.optimize.OptimizeResult",
+    "RayPool": "harness.ray_pool.RayPool",
+    "WorkerPool": "harness.pool.WorkerPool",
+    "apply_stored": "model.optimize.apply_stored",
+    "doctor": "cli.doctor.doctor",
+    "forge": "agents.loop.run_loop",
+    "load": "model.optimize.load",
+    "optimize": "model.optimize.optimize",
+    "restore": "model.swap.restore",
 }
 
 
 def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
+    if name not in _LAZY:
         raise AttributeError(f"module 'cudaforge' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    module, _, attribute = _LAZY[name].rpartition(".")
+    value = getattr(importlib.import_module(f".{module}", __name__), attribute)
     globals()[name] = value
     return value
 
@@ -55,24 +48,21 @@ def __getattr__(name: str):
 __all__ = [
     "CompileError",
     "CompiledModule",
-    "CudaError",
     "CudaforgeError",
     "EvalResult",
-    "ExtraNotInstalled",
-    "HTTPError",
-    "KernelFault",
     "LLMError",
-    "LibraryNotFound",
-    "NeedsKeyError",
+    "LoopResult",
     "NoGPUError",
+    "OptimizeResult",
     "Problem",
-    "ProfilerError",
     "RayPool",
-    "VerificationError",
     "WorkerPool",
+    "apply_stored",
     "compile",
     "doctor",
+    "errors",
     "evaluate",
+    "forge",
     "load",
     "optimize",
     "profile",

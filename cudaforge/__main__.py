@@ -1,3 +1,5 @@
+"""`python -m cudaforge`: the `cudaforge` command (cudaforge.cli.main)."""
+
 import sys
 
 from .cli.main import main

@@ -2,6 +2,22 @@
 
 The library errors are created by the C core (csrc/errors.c) and re-exported here; the errors that
 only Python raises subclass CudaforgeError. Each carries its evidence as attributes.
+
+Four of them are also at the top (`cudaforge.X`): the ones a user catches around `compile`,
+`evaluate`, `optimize` and the forge loop, each because there is something to do about it:
+
+- CudaforgeError: the base of every error here; one `except` around any cudaforge call.
+- CompileError: NVRTC rejected a kernel source; the author fixes the source (.log, .line).
+- NoGPUError: the call needs a GPU and none is usable here; the caller skips or takes the CPU path.
+- LLMError: the Coder's or the Judge's model cannot be used (no key: its NeedsKeyError, an HTTP
+  failure, an unusable reply); the caller retries later or keeps the stored kernels.
+
+The others stay here only (`cudaforge.errors.X`), all CudaforgeErrors: each is handled where it
+is raised (an evaluation reports a CudaError or a wrong output in its result, a provider turns an
+HTTPError into an LLMError, profiling falls back to timing on a ProfilerError, optimize skips a
+kernel that fails its VerificationError checks), or asks for a change of setup, not of the call
+(LibraryNotFound, ExtraNotInstalled), or leaves nothing in this process to go on with
+(KernelFault: the CUDA context is dead).
 """
 
 from __future__ import annotations
@@ -37,7 +53,9 @@ class NeedsKeyError(LLMError):
 class VerificationError(CudaforgeError):
     """A candidate's output differs from the reference. Attributes: trial, max_abs_err, index."""
 
-    def __init__(self, message: str, trial: int = -1, max_abs_err: float = float("nan"), index=None):
+    def __init__(
+        self, message: str, trial: int = -1, max_abs_err: float = float("nan"), index=None
+    ):
         super().__init__(message)
         self.trial = trial
         self.max_abs_err = max_abs_err
@@ -55,8 +73,11 @@ class ExtraNotInstalled(CudaforgeError, ImportError):
     def __init__(self, name: str, extra: str, feature: str):
         self.extra = extra
         self.hint = f"pip install cudaforge[{extra}]"
-        super().__init__(f"{feature} needs the '{name}' package, which is not installed here; "
-                         f"install it with: {self.hint}", name=name)
+        super().__init__(
+            f"{feature} needs the '{name}' package, which is not installed here; "
+            f"install it with: {self.hint}",
+            name=name,
+        )
 
 
 __all__ = [

@@ -6,6 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "setup: cudaforge needs Python 3.11+ (its C core uses the 3.11 C API); $python is" \
+    "$("$python" -V 2>&1); set PYTHON to a newer one" >&2
+  exit 1
+fi
 
 if ! echo '#include <curl/curl.h>' | cc -E -x c - >/dev/null 2>&1; then
   echo "setup: installing libcurl's headers (apt-get install libcurl4-openssl-dev)"

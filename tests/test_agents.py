@@ -1,4 +1,4 @@
-"""cudaforge/agents.py: the Coder/Judge loop on a CPU problem, with scripted FIXTURE replies (in
+"""cudaforge/agents/: the Coder/Judge loop on a CPU problem, with scripted FIXTURE replies (in
 code, and over the loopback server of tests/llm_server.py) and an evaluator that really runs each
 candidate on the CPU against the reference. Its timings are fixed by a marker in the candidate
 source, so every run is deterministic."""
@@ -13,20 +13,11 @@ import pytest
 import torch
 from llm_server import LLMServer
 
-from cudaforge.agents.loop import (
-    NO_CODE_ADVICE,
-    Prompts,
-    clip,
-    code_blocks,
-    extract_code,
-    failure_text,
-    metrics_text,
-    read_transcript,
-    recorded_evaluator,
-    run_loop,
-    says_stop,
-)
+from cudaforge.agents.evidence import clip, failure_text, metrics_text
+from cudaforge.agents.loop import run_loop
+from cudaforge.agents.prompts import NO_CODE_ADVICE, Prompts, code_blocks, extract_code, says_stop
 from cudaforge.agents.providers import ScriptedProvider
+from cudaforge.agents.transcript import read_transcript, recorded_evaluator
 from cudaforge.errors import LLMError
 from cudaforge.harness.results import EvalResult, KernelTime, TrialFailure
 

@@ -17,11 +17,14 @@ pytestmark = pytest.mark.gpu
 def _slow(source: str) -> str:
     # FIXTURE: the same kernel behind a ~0.5 ms spin on the GPU (torch's test helper)
     return source.replace(
-        "        x = x.contiguous()", "        torch.cuda._sleep(1_000_000)\n        x = x.contiguous()"
+        "        x = x.contiguous()",
+        "        torch.cuda._sleep(1_000_000)\n        x = x.contiguous()",
     )
 
 
-@pytest.mark.parametrize("level, pid, example", [(1, 19, "l1_019_relu.py"), (1, 88, "l1_088_gelu.py")])
+@pytest.mark.parametrize(
+    "level, pid, example", [(1, 19, "l1_019_relu.py"), (1, 88, "l1_088_gelu.py")]
+)
 def test_the_loop_keeps_the_fastest_correct_kernel(level, pid, example, tmp_path):
     problem = cudaforge.Problem.from_dev_set(level, pid).shrink(256 << 20)
     fast = (EXAMPLES_DIR / example).read_text()
@@ -34,11 +37,19 @@ def test_the_loop_keeps_the_fastest_correct_kernel(level, pid, example, tmp_path
                              model="fixture")  # fmt: skip
 
     def evaluate(problem_source, candidate_source):
-        return cudaforge.evaluate(cudaforge.Problem.from_source(problem_source),
-                                  candidate_source, trials=3, timed_runs=30)
+        return cudaforge.evaluate(
+            cudaforge.Problem.from_source(problem_source), candidate_source, trials=3, timed_runs=30
+        )
 
-    loop = run_loop(problem.source, evaluate, coder=coder, judge=judge, rounds=4,
-                    transcript=str(tmp_path / "t.jsonl"), name=problem.name)
+    loop = run_loop(
+        problem.source,
+        evaluate,
+        coder=coder,
+        judge=judge,
+        rounds=4,
+        transcript=str(tmp_path / "t.jsonl"),
+        name=problem.name,
+    )
     statuses = [a.result.status for a in loop.attempts if a.result is not None]
     assert statuses == ["ok", "ok"], [a.result.error for a in loop.attempts if a.result]
     slow_ms, fast_ms = (a.result.candidate_ms for a in loop.attempts if a.result is not None)

@@ -27,8 +27,15 @@ FAST = ["--trials", "2", "--timed-runs", "5"]
 def cli(*args, env=None, cwd=None):
     full_env = dict(os.environ, **(env or {}))
     full_env.pop("OPENAI_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "cudaforge", *args], capture_output=True,
-                          text=True, timeout=300, env=full_env, cwd=cwd, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "cudaforge", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=full_env,
+        cwd=cwd,
+        check=False,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -70,14 +77,31 @@ def test_forge_replays_a_transcript_with_no_api(tmp_path):
     judge = ScriptedProvider(["FIXTURE Judge.\nVERDICT: STOP"], model="fixture")
 
     def evaluate(problem_source, candidate_source):
-        return cudaforge.evaluate(cudaforge.Problem.from_source(problem_source),
-                                  candidate_source, trials=2, timed_runs=5)
+        return cudaforge.evaluate(
+            cudaforge.Problem.from_source(problem_source), candidate_source, trials=2, timed_runs=5
+        )
 
-    recorded = run_loop(problem.source, evaluate, coder=coder, judge=judge, rounds=2,
-                        transcript=str(transcript), name="19_ReLU")
+    recorded = run_loop(
+        problem.source,
+        evaluate,
+        coder=coder,
+        judge=judge,
+        rounds=2,
+        transcript=str(transcript),
+        name="19_ReLU",
+    )
     assert recorded.best_source
-    out = cli("forge", "L1/19", "--llm", f"replay:{transcript}", "--rounds", "2", "--out",
-              str(tmp_path / "out"), *FAST)
+    out = cli(
+        "forge",
+        "L1/19",
+        "--llm",
+        f"replay:{transcript}",
+        "--rounds",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        *FAST,
+    )
     assert out.returncode == 0, out.stderr + out.stdout
     best = tmp_path / "out" / f"{problem.name}.best.py"
     assert best.read_text() == recorded.best_source

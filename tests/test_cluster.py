@@ -197,7 +197,7 @@ def test_without_ray_the_error_says_what_to_install(monkeypatch, capsys):
     from cudaforge.cli.main import EXIT_MISSING, main
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if it were absent
-    with pytest.raises(cudaforge.ExtraNotInstalled, match=r"pip install cudaforge\[ray\]") as e:
+    with pytest.raises(cudaforge.errors.ExtraNotInstalled, match=r"pip install cudaforge\[ray\]") as e:
         RayPool(device="cpu")
     assert isinstance(e.value, ImportError) and isinstance(e.value, cudaforge.CudaforgeError)
     assert e.value.name == "ray" and e.value.extra == "ray"

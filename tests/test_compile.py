@@ -170,7 +170,7 @@ def test_import_and_compile_without_libcuda(tmp_path):
         "m = cudaforge.compile(open(0).read(), arch='sm_90')\n"
         "try:\n"
         "    m.add\n"
-        "except cudaforge.LibraryNotFound as e:\n"
+        "except cudaforge.errors.LibraryNotFound as e:\n"
         "    print('LIBCUDA-MISSING', e.env_var)\n"
     )
     env = dict(

@@ -149,7 +149,7 @@ def test_bad_launch_configurations_raise():
         mod.add(0, 32, (a, a, a, 10))
     with pytest.raises(ValueError, match="at most 65535"):
         mod.add((1, 70000), 32, (a, a, a, 10))
-    with pytest.raises(cudaforge.CudaError):
+    with pytest.raises(cudaforge.errors.CudaError):
         mod.add(1, 32, (a, a, a, 10), shared_mem=1 << 20)  # 1 MiB: more than any SM has
     # the context survives these: a good launch still works
     mod.add(1, 32, (a, a, a, 10))
@@ -193,7 +193,7 @@ x = torch.zeros(1, dtype=torch.int32, device="cuda")
 mod.boom(1, 32, (x,))
 try:
     cudaforge.synchronize()
-except cudaforge.KernelFault as e:
+except cudaforge.errors.KernelFault as e:
     print("RAISED", type(e).__name__, e.name)
 """
     out = subprocess.run(

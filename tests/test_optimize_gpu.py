@@ -230,7 +230,7 @@ def test_fixture_kernels_compile_with_nvrtc():
         ):
             module = cudaforge.compile(source, arch="sm_90", cache=False)
             assert module.kernels == [kernel]
-    except cudaforge.LibraryNotFound as exc:
+    except cudaforge.errors.LibraryNotFound as exc:
         pytest.skip(f"NVRTC is not available: {exc}")
     for source in (ATTENTION, GELU, LAYER_NORM):
         compile(source, "<fixture>", "exec")  # the Python parses

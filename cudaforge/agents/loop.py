@@ -16,20 +16,18 @@ fastest correct candidate is kept. The run stops at a budget (rounds, dollars, w
 the Judge says stop, or when a model cannot be reached. With candidates=k, k independent lanes
 run side by side each round (threads; `evaluate` must then be thread-safe).
 
-Every run writes a JSONL transcript (prompts, replies, evaluation results, timings, usage; API
-keys redacted) that `replay:PATH` re-runs without any API.
+Every run writes a JSONL transcript (agents.transcript) that `replay:PATH` re-runs without any
+API. The prompts and the reading of replies are in agents.prompts; the evidence texts the Judge
+reads are in agents.evidence.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import importlib.resources
 import json
 import math
 import os
 import re
-import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -40,245 +38,14 @@ from typing import Any, ClassVar
 
 from ..errors import LLMError
 from ..harness.results import EvalResult
+from .evidence import clip, failure_text, metrics_text, number_text
+from .prompts import NO_CODE_ADVICE, NO_CODE_ERROR, Prompts, extract_code, says_stop
 from .providers import Messages, Provider, Reply, Usage, get_provider, redact
+from .transcript import TRANSCRIPT_VERSION, Evaluate, Transcript, default_transcript_path
 
-Evaluate = Callable[[str, str], EvalResult]  # (problem_source, candidate_source) -> EvalResult
 Feedback = Callable[[EvalResult], str]
 
 DEFAULT_ROUNDS = 10
-STOP_MARKER = "VERDICT: STOP"
-PROMPT_NAMES = (
-    "coder_first",
-    "coder_repair",
-    "coder_optimize",
-    "judge_repair",
-    "judge_optimize",
-    "contract",
-)
-# Evidence longer than this (characters) is cut in the middle: the head has the first errors, the
-# tail the summary; beyond it a prompt gets costly without helping.
-MAX_EVIDENCE_CHARS = 30_000
-NO_CODE_ERROR = (
-    "the reply contained no ```python code block defining `class ModelNew`, so nothing could be "
-    "compiled or checked"
-)
-NO_CODE_ADVICE = (
-    "Your previous reply had no ```python code block defining `class ModelNew`. Reply with the "
-    "complete source file, all of it, in one ```python block."
-)
-TRANSCRIPT_VERSION = 1
-
-
-# ---------------------------------------------------------------- prompts
-
-
-def _shipped_prompt(name: str) -> str:
-    try:
-        return (importlib.resources.files("cudaforge.prompts") / f"{name}.txt").read_text("utf-8")
-    except ModuleNotFoundError:  # running from a source tree that is not installed
-        return (Path(__file__).resolve().parents[2] / "prompts" / f"{name}.txt").read_text(
-            "utf-8"
-        )
-
-
-class Prompts:
-    """The prompt templates: the files shipped in cudaforge.prompts, each replaced by a file of
-    the same name in `folder` (or $CUDAFORGE_PROMPTS) where one exists.
-
-    Templates are plain text; `{name}` is replaced by the value of that name, and any other brace
-    (CUDA code in a user's template) is left alone."""
-
-    _PLACEHOLDER = re.compile(r"\{(\w+)\}")
-
-    def __init__(self, folder: str | os.PathLike | None = None):
-        folder = folder if folder is not None else os.environ.get("CUDAFORGE_PROMPTS") or None
-        self.folder = Path(folder) if folder is not None else None
-        if self.folder is not None and not self.folder.is_dir():
-            raise FileNotFoundError(f"prompts folder {self.folder} does not exist")
-        self._texts: dict[str, str] = {}
-
-    def text(self, name: str) -> str:
-        if name not in self._texts:
-            override = self.folder / f"{name}.txt" if self.folder is not None else None
-            if override is not None and override.is_file():
-                self._texts[name] = override.read_text("utf-8")
-            else:
-                self._texts[name] = _shipped_prompt(name)
-        return self._texts[name]
-
-    def render(self, name: str, **values: str) -> str:
-        def fill(match: re.Match) -> str:
-            return values[match[1]] if match[1] in values else match[0]
-
-        return self._PLACEHOLDER.sub(fill, self.text(name))
-
-
-# ---------------------------------------------------------------- reading replies
-
-
-def code_blocks(text: str) -> list[tuple[str, str]]:
-    """The fenced blocks of a Markdown reply as (language, code); a block the reply leaves open
-    (cut off) runs to the end."""
-    opening = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`~]*)[^`]*$")
-    lines = text.splitlines()
-    blocks, i = [], 0
-    while i < len(lines):
-        match = opening.match(lines[i])
-        i += 1
-        if match is None:
-            continue
-        fence, body = match[1], []
-        while i < len(lines):
-            stripped = lines[i].strip()
-            i += 1
-            if len(stripped) >= len(fence) and set(stripped) == {fence[0]}:
-                break
-            body.append(lines[i - 1])
-        blocks.append((match[2].lower(), textwrap.dedent("\n".join(body))))
-    return blocks
-
-
-_MODEL_NEW = re.compile(r"^[ \t]*class[ \t]+ModelNew\b", re.MULTILINE)
-
-
-def _parses(source: str) -> bool:
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError):
-        return False
-    return True
-
-
-def extract_code(text: str) -> str | None:
-    """The candidate source in a Coder reply, or None when there is none.
-
-    Of several code blocks, the last one defining `class ModelNew` that parses as Python wins (a
-    reply often shows a broken version before the fixed one), else the last defining it. A reply
-    without fences that is itself Python defining ModelNew (possibly after prose) is taken as is.
-    """
-    defining = [code for _, code in code_blocks(text) if _MODEL_NEW.search(code)]
-    if defining:
-        parsing = [code for code in defining if _parses(code)]
-        return (parsing or defining)[-1].strip() + "\n"
-    if "```" in text or "~~~" in text or not _MODEL_NEW.search(text):
-        return None
-    start = re.search(r"^(import|from)[ \t]", text, re.MULTILINE)
-    for source in (text, text[start.start() :] if start else ""):
-        if source and _MODEL_NEW.search(source) and _parses(source):
-            return source.strip() + "\n"
-    return None
-
-
-def says_stop(judge_text: str) -> bool:
-    """True when the Judge's answer has the line `VERDICT: STOP` (any case, any spacing)."""
-    verdicts = re.findall(
-        r"^[ \t*#>]*VERDICT[ \t*]*:[ \t*]*(\w+)", judge_text, re.MULTILINE | re.IGNORECASE
-    )
-    return bool(verdicts) and verdicts[-1].upper() == "STOP"
-
-
-# ---------------------------------------------------------------- feedback texts
-
-
-def clip(text: str, limit: int = MAX_EVIDENCE_CHARS) -> str:
-    """`text`, cut in the middle when longer than `limit` characters, saying how much was cut."""
-    if len(text) <= limit:
-        return text
-    head = limit * 2 // 3
-    tail = limit - head
-    return f"{text[:head]}\n[... {len(text) - limit} characters cut ...]\n{text[-tail:]}"
-
-
-def _num(value: float | None, unit: str = "", digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}g}{unit}"
-
-
-def failure_text(result: EvalResult) -> str:
-    """What went wrong with a candidate, for the repair prompts: status, error, the mismatch
-    report, the guards and the compile log (verbatim, cut only past MAX_EVIDENCE_CHARS)."""
-    lines = [f"status: {result.status}"]
-    if result.error:
-        lines.append(f"error: {result.error}")
-    failure = result.failure
-    if failure is not None:
-        lines.append(f"mismatch report (trial {failure.trial}, output {failure.output_index}):")
-        lines.append(f"  {failure.message}")
-        lines.append(
-            f"  max abs error {_num(failure.max_abs_err)}, max rel error "
-            f"{_num(failure.max_rel_err)}; {failure.mismatches} of {failure.total} elements "
-            "outside tolerance"
-        )
-        if failure.worst_index:
-            lines.append(
-                f"  worst element at index {list(failure.worst_index)}: expected "
-                f"{_num(failure.expected, digits=6)}, got {_num(failure.actual, digits=6)}"
-            )
-    if result.tolerances:
-        lines.append(
-            "tolerances: " + ", ".join(f"{k}={v:g}" for k, v in sorted(result.tolerances.items()))
-        )
-    if result.guards:
-        lines.append("refused by guards: " + ", ".join(result.guards))
-    if result.compile_log:
-        lines.append("compile log:")
-        lines.append(clip(result.compile_log.rstrip()))
-    return "\n".join(lines)
-
-
-def _profile_lines(profile: Any, indent: str = "  ") -> list[str]:
-    if isinstance(profile, dict):
-        out = []
-        for key, value in profile.items():
-            if isinstance(value, (dict, list)):
-                out.append(f"{indent}{key}:")
-                out += _profile_lines(value, indent + "  ")
-            else:
-                out.append(f"{indent}{key}: {value}")
-        return out
-    if isinstance(profile, list):
-        return [line for item in profile for line in _profile_lines(item, indent)]
-    return [f"{indent}{profile}"]
-
-
-def metrics_text(result: EvalResult, max_kernels: int = 12) -> str:
-    """The default measurements text for the Judge: timing, the kernels that ran (by GPU time),
-    the guards, and the hardware metrics when the result has a profile."""
-    lines = [
-        f"candidate: {_num(result.candidate_ms, ' ms')} per forward"
-        + (f" (spread {result.candidate_spread:.1%})" if result.candidate_spread else ""),
-        f"reference (PyTorch): {_num(result.reference_ms, ' ms')}",
-        f"speedup over the reference: {_num(result.speedup, 'x', 3)}",
-    ]
-    if result.compiled_reference_ms is not None:
-        lines.append(
-            f"torch.compile of the reference: {_num(result.compiled_reference_ms, ' ms')}"
-            f" (speedup over it {_num(result.speedup_vs_compile, 'x', 3)})"
-        )
-    if result.own_kernel_share is not None:
-        lines.append(
-            f"share of GPU time in the candidate's own kernels: {result.own_kernel_share:.0%}"
-        )
-    if result.kernels:
-        lines.append("kernels (GPU time during the timed forwards):")
-        ranked = sorted(result.kernels, key=lambda k: k.total_us, reverse=True)
-        for k in ranked[:max_kernels]:
-            who = "own" if k.own else "library"
-            lines.append(
-                f"  {k.name} [{who}]: {k.calls} launch{'es' if k.calls != 1 else ''}, "
-                f"{k.mean_us:.4g} us each, {k.total_us:.4g} us total"
-            )
-        if len(ranked) > max_kernels:
-            lines.append(f"  ... {len(ranked) - max_kernels} more")
-    if result.guards:
-        lines.append("guards that fired: " + ", ".join(result.guards))
-    if result.profile:
-        lines.append("hardware metrics:")
-        lines += _profile_lines(result.profile)
-    else:
-        lines.append("hardware metrics: none (not profiled)")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- agents
@@ -324,64 +91,6 @@ class Judge(Agent):
 
     role = "judge"
     templates: ClassVar[dict[str, str]] = {"repair": "judge_repair", "optimize": "judge_optimize"}
-
-
-# ---------------------------------------------------------------- transcript
-
-
-def default_transcript_path(name: str) -> Path:
-    """cache_dir()/transcripts/<UTC time>-<name>.jsonl ($CUDAFORGE_CACHE_DIR moves the cache)."""
-    from ..cuda.kernel import cache_dir
-
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    safe = re.sub(r"[^\w.-]+", "_", name)[:60]
-    return cache_dir() / "transcripts" / f"{stamp}-{safe}-{os.getpid()}.jsonl"
-
-
-class Transcript:
-    """A JSONL file, one record a line, flushed as written; every line goes through `redact`."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
-        self._lock = threading.Lock()
-        self._started = time.monotonic()
-
-    def write(self, kind: str, **fields: Any) -> None:
-        record = {"kind": kind, "t": round(time.monotonic() - self._started, 4), **fields}
-        line = redact(json.dumps(record, default=str))
-        with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def read_transcript(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a transcript, in order."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def recorded_evaluator(path: str | os.PathLike) -> Evaluate:
-    """An `evaluate` that answers from a transcript's evaluation records, matched by candidate
-    source: re-runs a loop with `replay:PATH` without a GPU. A source the transcript never saw
-    gets a 'crashed' result saying so."""
-    results = {}
-    for record in read_transcript(path):
-        if record["kind"] == "eval" and record.get("source") is not None:
-            results[record["source"]] = record["result"]
-
-    def evaluate(problem_source: str, candidate_source: str) -> EvalResult:
-        if candidate_source in results:
-            return EvalResult.from_dict(results[candidate_source])
-        return EvalResult(
-            problem="", status="crashed", error=f"candidate not evaluated in transcript {path}"
-        )
-
-    return evaluate
 
 
 # ---------------------------------------------------------------- the loop
@@ -632,14 +341,17 @@ class _Run:
             what += f" ({_first_line_after(attempt.advice, 'OPTIMIZATION') or 'see the Judge'})"
         line = f"round {attempt.round}: {what} -> {result.status}"
         if attempt.ok:
-            line += f", {_num(result.candidate_ms, ' ms')}, speedup {_num(result.speedup, 'x', 3)}"
+            line += (
+                f", {number_text(result.candidate_ms, ' ms')}, "
+                f"speedup {number_text(result.speedup, 'x', 3)}"
+            )
             if lane.best is None or _speed_key(result) < _speed_key(lane.best.result):
                 lane.best = attempt
                 lane.current = attempt
             else:
                 line += (
                     f"; not faster than round {lane.best.round} "
-                    f"({_num(lane.best.result.candidate_ms, ' ms')}), which the next round "
+                    f"({number_text(lane.best.result.candidate_ms, ' ms')}), which the next round "
                     "continues from"
                 )
                 lane.current = lane.best
@@ -682,8 +394,8 @@ def run_loop(
 
     problem_source: KernelBench-format source (Model, get_inputs, get_init_inputs).
     evaluate(problem_source, candidate_source) -> EvalResult: checks and times a candidate.
-    coder, judge: model strings (cudaforge.agents.providers) or providers; judge defaults to the coder's model.
-    `replay:PATH` for both replays a transcript. rounds: Coder rounds at most (each makes one
+    coder, judge: model strings (cudaforge.agents.providers) or providers; judge defaults to the
+    coder's model; `replay:PATH` for both replays a transcript. rounds: Coder rounds at most (each makes one
     candidate per lane). max_dollars (USD, priced calls only), max_seconds (wall time): stop
     before the next call once spent. candidates: lanes per round, run in parallel threads.
     gpu: the target GPU's facts, as text for the prompts. feedback(result) -> str: the
@@ -789,21 +501,4 @@ def _stop_reason(lanes: list[_Lane], round_no: int, rounds: int, run: _Run) -> s
     return run.over_budget()
 
 
-__all__ = [
-    "DEFAULT_ROUNDS",
-    "STOP_MARKER",
-    "Attempt",
-    "Coder",
-    "Judge",
-    "LoopResult",
-    "Prompts",
-    "Transcript",
-    "code_blocks",
-    "extract_code",
-    "failure_text",
-    "metrics_text",
-    "read_transcript",
-    "recorded_evaluator",
-    "run_loop",
-    "says_stop",
-]
+__all__ = ["DEFAULT_ROUNDS", "Attempt", "Coder", "Judge", "LoopResult", "run_loop"]

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,10 +46,19 @@ def _say(line: str = "") -> None:
     print(line, flush=True)
 
 
-def run_demo(out_dir: str = "cudaforge-demo", llm: str | None = None) -> int:
-    from .doctor import doctor, format_report
-    from .main import has_gpu
+def run_demo(
+    out_dir: str = "cudaforge-demo",
+    llm: str | None = None,
+    run_command: Callable[[list[str]], int] | None = None,
+) -> int:
+    """Prove (GPU) or compile (no GPU) the shipped examples and write out_dir/demo.md; with `llm`,
+    also forge one problem through `run_command`, the `cudaforge` command line's entry point (the
+    CLI passes its own `main`: the demo runs `cudaforge forge` as a user would). Returns the exit
+    code: 0 when everything passed."""
+    from .doctor import doctor, format_report, has_gpu
 
+    if llm and run_command is None:
+        raise ValueError("run_demo with an llm needs run_command (cudaforge.cli.main.main)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _say(format_report(doctor()))
@@ -60,7 +70,7 @@ def run_demo(out_dir: str = "cudaforge-demo", llm: str | None = None) -> int:
     else:
         ok = _compile_examples(lines)
     if llm:
-        ok = _forge_one(llm, out, lines) and ok
+        ok = _forge_one(llm, run_command, out, lines) and ok
     else:
         lines += [
             "",
@@ -161,13 +171,13 @@ def _compile_examples(lines: list[str]) -> bool:
     return ok
 
 
-def _forge_one(llm: str, out: Path, lines: list[str]) -> bool:
-    from .main import main as cli_main
-
+def _forge_one(llm: str, run_command: Callable[[list[str]], int], out: Path, lines: list[str]):
     lines += ["", f"## Forging {FORGE_PROBLEM} with {llm}", ""]
     _say(f"forging {FORGE_PROBLEM} with {llm} (3 rounds) ...")
-    code = cli_main(["forge", FORGE_PROBLEM, "--llm", llm, "--rounds", "3", "--out", str(out)])
-    lines.append(f"`cudaforge forge` exited with {code}; its kernel and transcript are in `{out}/`.")
+    code = run_command(["forge", FORGE_PROBLEM, "--llm", llm, "--rounds", "3", "--out", str(out)])
+    lines.append(
+        f"`cudaforge forge` exited with {code}; its kernel and transcript are in `{out}/`."
+    )
     return code == 0
 
 

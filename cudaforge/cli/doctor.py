@@ -21,6 +21,15 @@ def _try(fn):
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
 
 
+def has_gpu() -> bool:
+    """Whether torch is installed and sees a CUDA GPU."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def counters_readable() -> tuple[bool | None, str]:
     """Whether hardware counters can be read here, and why (NVreg_RestrictProfilingToAdminUsers)."""
     path = "/proc/driver/nvidia/params"
@@ -93,14 +102,18 @@ def doctor() -> dict:
 
 def format_report(report: dict) -> str:
     lines = [f"cudaforge {report['cudaforge']}  (Python {report['python']}, {report['platform']})"]
-    lines.append(f"  torch:        {report.get('torch') or 'missing'}"
-                 + (f" (CUDA {report['torch_cuda']})" if report.get("torch_cuda") else ""))
+    lines.append(
+        f"  torch:        {report.get('torch') or 'missing'}"
+        + (f" (CUDA {report['torch_cuda']})" if report.get("torch_cuda") else "")
+    )
     for kind, path in report["libraries"].items():
         lines.append(f"  lib{kind + ':':<11}{path or 'not found'}")
     if report.get("driver_cuda"):
         lines.append(f"  driver:       supports CUDA {report['driver_cuda']}")
     if report.get("nvrtc"):
-        lines.append(f"  NVRTC:        {report['nvrtc']} (targets {', '.join(report['nvrtc_archs'])})")
+        lines.append(
+            f"  NVRTC:        {report['nvrtc']} (targets {', '.join(report['nvrtc_archs'])})"
+        )
     if report.get("cupti_api"):
         lines.append(f"  CUPTI:        API version {report['cupti_api']}")
     for gpu in report["gpus"]:
@@ -115,8 +128,10 @@ def format_report(report: dict) -> str:
     if not report["gpus"]:
         lines.append("  GPU:          none (compiling with arch='sm_90' etc. still works)")
     readable = report["counters_readable"]
-    lines.append(f"  counters:     {'readable' if readable else 'unknown' if readable is None else 'not readable'}"
-                 f" - {report['counters_reason']}")
+    lines.append(
+        f"  counters:     {'readable' if readable else 'unknown' if readable is None else 'not readable'}"
+        f" - {report['counters_reason']}"
+    )
     lines.append(f"  cache:        {report['cache_dir']}")
     if report["missing"]:
         lines.append("missing:")

@@ -14,21 +14,13 @@ import os
 import sys
 from pathlib import Path
 
-from .doctor import gpu_facts
+from .doctor import gpu_facts, has_gpu
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 CPU_MAX_BYTES = 32 << 20  # problems are shrunk to this on the CPU path (dev inputs reach GBs)
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def has_gpu() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def parse_sizes(text: str | None) -> dict[str, int]:
@@ -101,8 +93,10 @@ def result_table(result) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     for k in result.kernels[:8]:
-        lines.append(f"  kernel {k.name[:60]}: {k.calls} calls, {k.mean_us:.2f} us mean"
-                     + (" (own)" if k.own else ""))
+        lines.append(
+            f"  kernel {k.name[:60]}: {k.calls} calls, {k.mean_us:.2f} us mean"
+            + (" (own)" if k.own else "")
+        )
     return "\n".join(lines)
 
 
@@ -122,9 +116,15 @@ def _evaluate(args, profile: bool):
 
     problem = load_problem(args.problem, args.sizes, args.shrink)
     source = read_source(args.candidate)
-    return evaluate(problem, source, trials=args.trials, timed_runs=args.timed_runs,
-                    compare_compile=getattr(args, "compile", False), timeout=args.timeout,
-                    profile=profile)
+    return evaluate(
+        problem,
+        source,
+        trials=args.trials,
+        timed_runs=args.timed_runs,
+        compare_compile=getattr(args, "compile", False),
+        timeout=args.timeout,
+        profile=profile,
+    )
 
 
 def cmd_eval(args) -> int:
@@ -155,9 +155,15 @@ def _source_evaluator(args, *, name: str | None = None, profile: bool = False, p
 
     def run(problem_source: str, candidate_source: str):
         problem = Problem.from_source(problem_source, name=name)
-        return evaluate(problem, candidate_source, trials=args.trials,
-                        timed_runs=args.timed_runs, timeout=args.timeout, profile=profile,
-                        pool=pool)
+        return evaluate(
+            problem,
+            candidate_source,
+            trials=args.trials,
+            timed_runs=args.timed_runs,
+            timeout=args.timeout,
+            profile=profile,
+            pool=pool,
+        )
 
     return run
 
@@ -169,13 +175,25 @@ def cmd_forge(args) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     transcript = out_dir / f"{problem.name}.transcript.jsonl"
-    print(f"forging {problem.name} with coder {args.llm}, judge {args.judge or args.llm}; "
-          f"transcript {transcript}", file=sys.stderr)
+    print(
+        f"forging {problem.name} with coder {args.llm}, judge {args.judge or args.llm}; "
+        f"transcript {transcript}",
+        file=sys.stderr,
+    )
     evaluate = _source_evaluator(args, name=problem.name, profile=has_gpu() and not args.no_profile)
-    result = run_loop(problem.source, evaluate, coder=args.llm, judge=args.judge,
-                      rounds=args.rounds, max_dollars=args.max_dollars,
-                      max_seconds=args.max_seconds, candidates=args.candidates,
-                      gpu=gpu_facts(), transcript=str(transcript), name=problem.name)
+    result = run_loop(
+        problem.source,
+        evaluate,
+        coder=args.llm,
+        judge=args.judge,
+        rounds=args.rounds,
+        max_dollars=args.max_dollars,
+        max_seconds=args.max_seconds,
+        candidates=args.candidates,
+        gpu=gpu_facts(),
+        transcript=str(transcript),
+        name=problem.name,
+    )
     summary = result.to_dict()
     (out_dir / f"{problem.name}.result.json").write_text(json.dumps(summary, indent=2, default=str))
     if result.best_source:
@@ -207,9 +225,15 @@ def cmd_bench(args) -> int:
     gpu = has_gpu() if pool is None else any(d.startswith("cuda") for d in pool.devices)
     shrink = args.shrink or not gpu
 
-    forge = loop_forge(_source_evaluator(args, pool=pool), coder=args.llm, judge=args.judge, rounds=args.rounds,
-                       max_dollars=args.max_dollars, gpu=gpu_facts(),
-                       transcripts_dir=str(Path(args.results).with_suffix("")) + "_transcripts")
+    forge = loop_forge(
+        _source_evaluator(args, pool=pool),
+        coder=args.llm,
+        judge=args.judge,
+        rounds=args.rounds,
+        max_dollars=args.max_dollars,
+        gpu=gpu_facts(),
+        transcripts_dir=str(Path(args.results).with_suffix("")) + "_transcripts",
+    )
     if shrink:
         inner = forge
 
@@ -218,15 +242,26 @@ def cmd_bench(args) -> int:
             return inner(dataclasses.replace(bench_problem, source=small.source))
 
     try:
-        outcome = run_bench(problems, forge, args.results, jobs=args.jobs,
-                            retry_errors=args.retry_errors,
-                            meta={"coder": args.llm, "judge": args.judge or args.llm,
-                                  "rounds": args.rounds, "shrunk": shrink})
+        outcome = run_bench(
+            problems,
+            forge,
+            args.results,
+            jobs=args.jobs,
+            retry_errors=args.retry_errors,
+            meta={
+                "coder": args.llm,
+                "judge": args.judge or args.llm,
+                "rounds": args.rounds,
+                "shrunk": shrink,
+            },
+        )
     finally:
         if pool is not None:
             pool.close()
-    print(f"results: {outcome.results} ({len(outcome.records)} run, {len(outcome.skipped)} "
-          "already done)")
+    print(
+        f"results: {outcome.results} ({len(outcome.records)} run, {len(outcome.skipped)} "
+        "already done)"
+    )
     errors = sum(1 for r in outcome.records if r.status == "error")
     return EXIT_FAILED if errors else EXIT_OK
 
@@ -265,7 +300,7 @@ def cmd_optimize(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
-    return run_demo(out_dir=args.out, llm=args.llm)
+    return run_demo(out_dir=args.out, llm=args.llm, run_command=main)
 
 
 # ---------------------------------------------------------------- the parser
@@ -280,17 +315,24 @@ def _add_eval_options(p) -> None:
 
 def _add_run_options(p) -> None:
     p.add_argument("--sizes", help="override size constants: NAME=INT[,NAME=INT...]")
-    p.add_argument("--shrink", action="store_true", default=None,
-                   help="shrink the problem's sizes to fit a CPU run (automatic without a GPU)")
+    p.add_argument(
+        "--shrink",
+        action="store_true",
+        default=None,
+        help="shrink the problem's sizes to fit a CPU run (automatic without a GPU)",
+    )
     p.add_argument("--trials", type=int, default=5, help="correctness trials (default 5)")
     p.add_argument("--timed-runs", type=int, default=100, help="timed runs (default 100)")
     p.add_argument("--timeout", type=float, default=60.0, help="per evaluation, s (default 60)")
 
 
 def _add_llm_options(p) -> None:
-    p.add_argument("--llm", default=os.environ.get("CUDAFORGE_LLM", "openai:o3"),
-                   help="the Coder: openai:MODEL, anthropic:MODEL, openai:MODEL@URL, "
-                        "replay:TRANSCRIPT (default $CUDAFORGE_LLM or openai:o3)")
+    p.add_argument(
+        "--llm",
+        default=os.environ.get("CUDAFORGE_LLM", "openai:o3"),
+        help="the Coder: openai:MODEL, anthropic:MODEL, openai:MODEL@URL, "
+        "replay:TRANSCRIPT (default $CUDAFORGE_LLM or openai:o3)",
+    )
     p.add_argument("--judge", help="the Judge's model (default: the Coder's)")
     p.add_argument("--rounds", type=int, default=10, help="rounds per problem (default 10)")
     p.add_argument("--max-dollars", type=float, help="stop a problem past this cost")
@@ -333,9 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="bench-results.jsonl", help="the JSONL results file")
     p.add_argument("--jobs", type=int, default=1, help="problems at once")
     p.add_argument("--retry-errors", action="store_true", help="rerun problems that errored")
-    p.add_argument("--ray", metavar="ADDRESS",
-                   help="evaluate on the Ray cluster at ADDRESS ('auto', HOST:PORT, ray://...; "
-                        "'local' starts one here); needs pip install cudaforge[ray]")
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="evaluate on the Ray cluster at ADDRESS ('auto', HOST:PORT, ray://...; "
+        "'local' starts one here); needs pip install cudaforge[ray]",
+    )
     _add_run_options(p)
     _add_llm_options(p)
     p.set_defaults(run=cmd_bench)
@@ -354,8 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job: prove and profile the shipped kernels")
     p.add_argument("--out", default="cudaforge-demo", help="folder for the report")
-    p.add_argument("--llm", default=os.environ.get("CUDAFORGE_LLM"),
-                   help="also forge one problem with this model (default $CUDAFORGE_LLM)")
+    p.add_argument(
+        "--llm",
+        default=os.environ.get("CUDAFORGE_LLM"),
+        help="also forge one problem with this model (default $CUDAFORGE_LLM)",
+    )
     p.set_defaults(run=cmd_demo)
     return parser
 

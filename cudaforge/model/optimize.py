@@ -246,7 +246,8 @@ class _Run:
         return False
 
     def with_agents(self, hotspot: Hotspot, outcome: HotspotOutcome, agent_options) -> None:
-        from ..agents.loop import default_transcript_path, run_loop
+        from ..agents.loop import run_loop
+        from ..agents.transcript import default_transcript_path
 
         transcript = str(default_transcript_path(f"optimize-{hotspot.problem_hash[:10]}"))
         outcome.transcript = transcript
