@@ -88,7 +88,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, float | bool | None]]:
             try:
                 seconds = float(value)
             except ValueError:
-                raise ValueError(f"file:{spec}: {key}={value!r} is not a number of seconds") from None
+                raise ValueError(
+                    f"file:{spec}: {key}={value!r} is not a number of seconds"
+                ) from None
             if seconds <= 0:
                 raise ValueError(f"file:{spec}: {key} must be more than 0 seconds")
             settings[key] = seconds
@@ -291,8 +293,10 @@ def _header(provider: FileProvider, prompt_path: Path, reply_path: Path, tag: st
             f"- lane: {lane}",
             f"- run: {provider.run}",
             f"- model id: {provider.model_id}",
-            f"- reply: the whole answer, as a chat model would give it, in {reply_path.name} "
-            "beside this file (write it under another name, then rename it)",
+            (
+                f"- reply: the whole answer, as a chat model would give it, in {reply_path.name} "
+                "beside this file (write it under another name, then rename it)"
+            ),
             "",
             "The messages follow, each verbatim under its own heading.",
         )
