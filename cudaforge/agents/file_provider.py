@@ -46,7 +46,7 @@ DEFAULT_RUN = "default"
 ESTIMATED = "file reply; token counts estimated as characters / 4"
 PROMPT_SUFFIX = ".prompt.md"
 REPLY_SUFFIX = ".reply.md"
-_HEADER_END = "\n---\n"  # the header holds no such line; the messages start after the first one
+_HEADER_END = "\n\n---\n\n"  # the header holds no such line; the messages start after it
 _TAG = re.compile(r"^r(\d+)/l(\d+)(?:/(.+))?$")
 
 
