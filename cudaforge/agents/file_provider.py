@@ -1,8 +1,8 @@
 """The `file:DIR` provider: a person or another program answers the prompts through files.
 
 Each call writes its whole prompt to `DIR/<run>/<name>.prompt.md` and takes the answer from
-`DIR/<run>/<name>.reply.md`, written by whoever plays the role. `<run>` is the problem's name
-(`run=`, or `for_run(name)`; `default` without one). The spec takes options after a `?`:
+`DIR/<run>/<name>.reply.md`, written by whoever plays the role. `<run>` is the problem's name,
+cleaned for a file name (`run=`, or `for_run(name)`; `default` without one). The spec takes options after a `?`:
 `file:DIR`, `file:DIR?wait=0`, `file:DIR?timeout=600&poll=0.5`.
 
 File names. `<name>` is `<role>-r<round>-l<lane>` from the loop's tag `r<round>/l<lane>`; a tag
