@@ -8,6 +8,7 @@ A model is named by a string, `provider:model[@base_url]`:
 - `anthropic:claude-sonnet-4-5`: Anthropic's Messages API (`/v1/messages`). Key: ANTHROPIC_API_KEY.
 - `scripted:`: replies queued in code (tests, demos); `replay:PATH`: the replies of a transcript,
   in order, without any API.
+- `file:DIR`: prompts written to files, replies read from files (cudaforge.agents.file_provider).
 
 Every provider follows one small contract (`Provider`): a model id, whether it needs a key and
 from which environment variable, and `complete(messages) -> Reply`. HTTP goes through the C core
@@ -594,6 +595,10 @@ class ReplayProvider(Provider):
 
 # ---------------------------------------------------------------- model strings
 
+# Schemes whose provider lives in a module of its own, which adds itself here when imported
+# (cudaforge.agents imports them all): 'file' -> file_provider.FileProvider.from_spec.
+SCHEMES: dict[str, Callable[..., Provider]] = {}
+
 
 def parse_model(spec: str) -> tuple[str, str, str | None]:
     """'openai:qwen3-coder@http://localhost:8000/v1' -> ('openai', 'qwen3-coder', base_url)."""
@@ -601,9 +606,9 @@ def parse_model(spec: str) -> tuple[str, str, str | None]:
     if not sep or not provider:
         raise ValueError(
             f"model {spec!r} names no provider: write it as openai:MODEL, anthropic:MODEL, "
-            "openai:MODEL@BASE_URL, scripted: or replay:PATH"
+            "openai:MODEL@BASE_URL, scripted:, replay:PATH or file:DIR"
         )
-    if provider in ("replay", "scripted"):
+    if provider in ("replay", "scripted", "file"):
         return provider, rest, None
     model, at, base_url = rest.partition("@")
     if not model:
@@ -630,9 +635,11 @@ def get_provider(spec: str | Provider, *, role: str | None = None, **options) ->
         if not model:
             raise ValueError("replay: needs a transcript path, e.g. replay:runs/add.jsonl")
         return ReplayProvider(model, role=role)
+    if provider in SCHEMES:
+        return SCHEMES[provider](model, role=role, **options)
     raise ValueError(
         f"model {spec!r}: unknown provider {provider!r} (known: openai, anthropic, scripted, "
-        "replay)"
+        "replay, file)"
     )
 
 

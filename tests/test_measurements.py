@@ -1,0 +1,125 @@
+"""cudaforge/profiling/measurements.py: the Judge's measurements text, on the profile recorded on
+the H200 (tests/fixtures/profile_h200.json) and on results without a profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cudaforge.harness.results import EvalResult, KernelTime
+from cudaforge.profiling.measurements import measurements_text
+
+FIXTURE = Path(__file__).parent / "fixtures" / "profile_h200.json"
+
+
+def recorded() -> dict:
+    return json.loads(FIXTURE.read_text())
+
+
+def result_with(profile, **fields) -> EvalResult:
+    kernels = [
+        KernelTime(k["name"], k["launches"], k["total_ms"] * 1e3, k["time_ms"] * 1e3, k["own"])
+        for k in recorded()["kernels"]
+    ]
+    values = {
+        "problem": "matmul_add", "status": "ok", "candidate_ms": 0.5482,
+        "candidate_spread": 0.012, "reference_ms": 1.21, "speedup": 2.207, "kernels": kernels,
+        "own_kernel_share": 0.996, "profile": profile, **fields,
+    }  # fmt: skip
+    return EvalResult(**values)
+
+
+def bookkeeping_in(text: str) -> list[str]:
+    """The profiler's bookkeeping found in `text`: key names and the fixture's values of them."""
+    profile = recorded()
+    words = [
+        "metrics_requested", "passes", "profile_s", "profile_phases", "phases", "ceilings",
+        "measured_at", "method", "collected in place of", "unavailable", "note:",
+        profile["ceilings"]["method"], profile["ceilings"]["measured_at"], profile["notes"][0],
+    ]  # fmt: skip
+    return [w for w in words if w in text]
+
+
+def first_index(lines: list[str], start: str) -> int:
+    return next(i for i, line in enumerate(lines) if line.startswith(start))
+
+
+@pytest.mark.parametrize("budget", [3000, 1500, 700])
+def test_recorded_h200_profile_within_budget_roofline_first(budget):
+    text = measurements_text(result_with(recorded(), compiled_reference_ms=0.9,
+                                         speedup_vs_compile=1.64), budget=budget)  # fmt: skip
+    assert len(text) <= budget, len(text)
+    lines = text.splitlines()
+    assert lines[0].startswith("time per forward: 0.5482 ms")
+    assert "eager PyTorch 1.21 ms, speedup 2.21x" in lines[0]
+    assert "torch.compile 0.9 ms, speedup 1.64x" in lines[0]
+    roofline = first_index(lines, "roofline: ")
+    assert roofline == 1
+    line = lines[roofline]
+    assert line.startswith("roofline: compute-bound: matmul_naive (76% of GPU time)")
+    assert "10% of the fp32 peak" in line and "424 MB" in line and "0.1014 ms" in line
+    # the roofline line comes before every other measurement of the profile
+    kernel_lines = [i for i, x in enumerate(lines) if "matmul_naive" in x or "vector_add" in x]
+    assert kernel_lines and min(kernel_lines) == roofline
+    assert not any(x.startswith("GPU:") for x in lines[:roofline])
+    assert "vector_add" in text  # the kernels by time follow, with what explains them
+    if budget != 1500:  # at 1500 format_profile details the slowest kernel only
+        assert "memory-bound" in text
+    assert bookkeeping_in(text) == []
+
+
+def test_a_small_budget_keeps_the_roofline_line():
+    for budget in (400, 250):
+        text = measurements_text(result_with(recorded()), budget=budget)
+        assert len(text) <= budget
+        assert text.splitlines()[1].startswith("roofline: compute-bound")
+
+
+def test_without_a_profile_timing_kernels_and_the_reason():
+    failed = "profile failed: ProfilerError: counters need admin rights"
+    text = measurements_text(result_with(None, notes=["compile took 0.2 s", failed]))
+    lines = text.splitlines()
+    assert lines[0].startswith("time per forward: 0.5482 ms") and "torch.compile" not in text
+    assert f"hardware metrics: not profiled ({failed})" in lines
+    kernels = lines.index("kernels by GPU time per forward:")
+    assert lines[kernels + 1].startswith("  matmul_naive (own): 0.4149 ms, 76%")
+    assert lines[kernels + 3].startswith("  _ZN2at6native") and "(library)" in lines[kernels + 3]
+    plain = measurements_text(result_with(None))
+    assert "hardware metrics: not profiled (hardware metrics were not asked for" in plain
+
+
+def test_anything_with_the_attributes_will_do():
+    result = SimpleNamespace(
+        candidate_ms=2.0, reference_ms=1.0, speedup=0.5, compiled_reference_ms=None,
+        speedup_vs_compile=None, candidate_spread=None, own_kernel_share=None,
+        kernels=[{"name": "k", "calls": 2, "total_us": 1900.0, "mean_us": 950.0, "own": True}],
+        guards=["unmeasured_work"], profile=None, notes=[],
+    )  # fmt: skip
+    text = measurements_text(result)
+    assert text.splitlines()[0] == "time per forward: 2 ms; eager PyTorch 1 ms, speedup 0.5x"
+    assert "guards that fired: unmeasured_work" in text
+    assert "  k (own): 1.9 ms, 100%, 2 launches of 0.95 ms" in text
+
+
+def test_a_profile_without_metrics_says_why():
+    profile = recorded()
+    profile["reason"] = "permission: counters need admin rights"
+    for kernel in profile["kernels"]:
+        kernel["metrics"], kernel["roofline"] = {}, None
+    profile["min_time_ms"] = None
+    text = measurements_text(result_with(profile))
+    assert "roofline: the forward must move 424 MB (inputs + outputs)" in text
+    assert "Hardware metrics unavailable (permission: counters need admin rights)" in text
+    profile["min_bytes"] = None
+    text = measurements_text(result_with(profile))
+    assert "roofline: not available (permission: counters need admin rights)" in text
+
+
+def test_profiling_does_not_depend_on_the_harness():
+    import test_layout
+
+    graph = test_layout.python_imports()
+    assert not [m for m in graph["cudaforge.profiling.measurements"] if ".harness" in m]
