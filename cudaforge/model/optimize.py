@@ -45,7 +45,9 @@ from ..reporting.formatting import times
 from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot, find_hotspots
 from .outcomes import HotspotOutcome, OptimizeResult
 from .store import KernelStore
-from .swap import SwapError, compare, restore, swap_in, swaps
+from .swap import restore, swap_in, swaps
+from .swap_compare import compare
+from .swap_errors import SwapError
 from .timing import model_device, split_inputs, time_call
 
 Evaluate = Callable[[str, str], EvalResult]

@@ -1,0 +1,63 @@
+"""A swapped kernel's outputs against the original's: the tolerances and the comparison a swap
+uses, thin wrappers over the harness's one definition of a correct value
+(cudaforge.harness.compare, cudaforge.harness.options)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..harness.compare import tensor_difference
+from ..harness.options import Tolerances, tolerance_of
+
+
+def tolerances(dtype: torch.dtype, tolerance: float | None = None) -> tuple[float, float, float]:
+    """(atol, rtol, relative L2 bound) for dtype, from the harness's one tolerance table; a float
+    `tolerance` sets atol = rtol (the bound then 10x it, never below the table's)."""
+    return tolerance_of(Tolerances.uniform(tolerance), dtype)
+
+
+@dataclass
+class Difference:
+    """How far one output is from the expected one."""
+
+    index: int
+    max_abs_err: float
+    max_rel_err: float
+    rel_l2: float
+    message: str = ""
+
+
+def compare(actual: Sequence[Tensor], expected: Sequence[Tensor], tolerance=None):
+    """(worst Difference, problem or '') of outputs against the expected ones, by the harness's
+    definition of a correct value (cudaforge.harness.compare)."""
+    if len(actual) != len(expected):
+        return None, f"{len(actual)} outputs, expected {len(expected)}"
+    tables = Tolerances.uniform(tolerance)
+    worst = Difference(-1, 0.0, 0.0, 0.0)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        if not isinstance(a, Tensor):
+            return None, f"output {i} is a {type(a).__name__}, not a tensor"
+        if a.shape != e.shape or a.dtype != e.dtype or a.device != e.device:
+            return None, (
+                f"output {i} is {a.dtype}{list(a.shape)} on {a.device}, expected "
+                f"{e.dtype}{list(e.shape)} on {e.device}"
+            )
+        found = tensor_difference(a.detach(), e.detach(), tables)
+        if found.nonfinite:  # NaN or Inf where the expected value is finite
+            found.max_abs_err = found.max_rel_err = found.rel_l2_err = math.inf
+        if found.max_abs_err > worst.max_abs_err or worst.index < 0:
+            worst = Difference(i, found.max_abs_err, found.max_rel_err, found.rel_l2_err)
+        if not found.ok:
+            worst = Difference(
+                i, found.max_abs_err, found.max_rel_err, found.rel_l2_err, found.message
+            )
+            return worst, f"output {i}: {found.message}"
+    return worst, ""
+
+
+__all__ = ["Difference", "compare", "tolerances"]

@@ -1,0 +1,446 @@
+"""A swapped hot spot: a verified kernel in place of one site, its state (on or off, the counts
+since the swap, the evidence from swap time) and its forward.
+
+Each call is checked against what was verified: the arguments the problem specialized on, every
+input's shape, dtype, device and layout, the parameters' too, and the training/eval mode of the
+modules whose behaviour depends on it. Any difference runs the original PyTorch code instead, with
+a FallbackWarning the first time (the reason is in `.stats`). In eager mode, when no gradient is
+needed, the candidate is called directly (the dispatcher's overhead is larger than a small
+kernel); otherwise through the custom op (cudaforge.model.hotspot_op).
+
+Shadow checking (verify_every=N): call 1, N+1, 2N+1, ... also run the original and compare; a
+kernel that drifts is switched off for good with a DriftWarning and the call returns the original's
+result. Not done inside torch.compile (it would recompile on the counter) nor while a CUDA graph is
+captured (the comparison synchronizes).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+
+from .candidate import build_candidate
+from .codegen import TensorSpec
+from .hotspot_op import bypassed, bypassing, recompute_gradients, register
+from .owner_forward import OwnerForward, forward_code, forward_signature, same_constant
+from .sites import Site, rebuild_output
+from .swap_compare import compare
+from .swap_errors import DriftWarning, FallbackWarning, SwapError
+from .tracing import fetch_attribute as _fetch
+
+
+@dataclass
+class SwapStats:
+    """Counts since the swap. fallbacks: calls that ran the original; reason: the last why."""
+
+    kernel_calls: int = 0
+    fallbacks: int = 0
+    shadow_checks: int = 0
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SwapCheck:
+    """Evidence from swap time: trials on the captured inputs (trial 0) and fresh random ones,
+    the worst error seen, the gradient check, and the in-process timing (ms)."""
+
+    trials: int = 0
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    rel_l2: float = 0.0
+    atol: float = 0.0
+    rtol: float = 0.0
+    gradient_checked: bool = False
+    gradient_max_abs_err: float | None = None
+    backward_kernel: bool = False
+    backward_kernel_refused: str = ""
+    original_ms: float | None = None
+    kernel_ms: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.original_ms and self.kernel_ms:
+            return self.original_ms / self.kernel_ms
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "speedup": self.speedup}
+
+
+_MODE_MODULES = (
+    nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
+    nn.modules.dropout._DropoutNd, nn.MultiheadAttention, nn.RNNBase,
+)  # fmt: skip
+
+
+def _mode_modules(site: Site) -> list[nn.Module]:
+    """Modules whose training flag changes what the verified code computes."""
+    found = [site.module]
+    if site.kind == "chain":
+        called = [
+            _fetch(site.module, n.target) for n in _chain_nodes(site) if n.op == "call_module"
+        ]
+    else:
+        called = list(site.module.modules())
+    found += [m for m in called if isinstance(m, _MODE_MODULES) and m is not site.module]
+    return found
+
+
+def _chain_nodes(site: Site) -> list[fx.Node]:
+    names = set(site.node_names)
+    return [n for n in site.graph.nodes if n.name in names] if site.graph is not None else []
+
+
+class SwappedHotspot:
+    """A verified kernel in place of one site (installed as the module's forward, or called by
+    its owner's rewritten forward for a chain). Calling it runs the kernel when the call matches
+    what was verified, else the original."""
+
+    def __init__(
+        self,
+        site: Site,
+        candidate: nn.Module,
+        *,
+        name: str = "",
+        source: str = "",
+        problem_source: str = "",
+        verify_every: int = 0,
+        tolerance: float | None = None,
+    ):
+        self.site = site
+        self.candidate = candidate
+        self.name = name or f"{site.path or 'model'}: {site.label}"
+        self.source = source
+        self.problem_source = problem_source
+        self.verify_every = int(verify_every or 0)
+        self.tolerance = tolerance
+        self.bound = list(site.tensors)
+        self.param_specs = [TensorSpec.of(t) for t in site.tensors]
+        self.trainable = [isinstance(t, nn.Parameter) for t in site.tensors]  # not buffers
+        self.modes = [(m, m.training) for m in _mode_modules(site)]
+        self.enabled = True
+        self.off_reason = ""
+        self.stats = SwapStats()
+        self.warned = False
+        self.use_backward_kernel = False
+        self.check = SwapCheck()
+        self.original_forward = None  # module/block: the forward it replaced
+        self.previous = None  # module/block: an instance forward that was there before
+        self.owner_forward: OwnerForward | None = None  # chain
+        self._fast_ready: bool | None = None  # prepared at the first call
+        self.handle = register(self)
+
+    @property
+    def __code__(self):  # torch.export reads the forward's code object for its messages
+        return forward_code(self.original_forward)
+
+    @property
+    def __signature__(self):
+        return forward_signature(self.original_forward)
+
+    def __repr__(self) -> str:
+        state = "on" if self.enabled else f"off ({self.off_reason})"
+        return f"SwappedHotspot({self.name!r}, {state}, calls={self.stats.kernel_calls})"
+
+    def __deepcopy__(self, memo):
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            if key == "candidate":
+                continue
+            setattr(new, key, copy.deepcopy(value, memo))
+        # a candidate may hold compiled kernels that do not copy: it is rebuilt on the copy's
+        # tensors at its first call (the copied model is not complete yet here)
+        new.candidate = None
+        new._fast_ready = None
+        new.handle = register(new)
+        return new
+
+    # ------------------------------------------------------------ calls
+
+    def original(self, *args, **kwargs):
+        """The original computation for a call."""
+        if self.site.kind == "chain":
+            return self.site.root(*args, **kwargs)
+        return self.original_forward(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        if bypassing():
+            return self.original(*args, **kwargs)
+        if self.enabled and not torch.compiler.is_compiling():
+            # eager fast path: the verified call, no autograd wanted, the candidate called directly
+            inputs = self._fast_match(args, kwargs)
+            if inputs is not None and not (torch.is_grad_enabled() and self._wants_grad(inputs)):
+                return self._fast_run(inputs, args, kwargs)
+        inputs, reason = self._match(args, kwargs) if self.enabled else (None, self.off_reason)
+        tensors = None
+        if inputs is not None:
+            tensors, reason = self._tensors()
+        if reason:
+            self.fell_back(reason)
+            return self.original(*args, **kwargs)
+        compiling = torch.compiler.is_compiling()
+        needs_grad = torch.is_grad_enabled() and (
+            any(t.requires_grad for t in inputs) or any(t.requires_grad for t in tensors)
+        )
+        if compiling or needs_grad or not _plain(inputs):
+            outputs = torch.ops.cudaforge.hotspot(self.handle, inputs, tensors)
+        else:
+            outputs = self.run_kernel(inputs, tensors)
+        if not compiling:
+            self.stats.kernel_calls += 1
+            every = self.verify_every
+            shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
+            if shadow and not self._shadow_check(inputs, tensors, outputs):
+                return self.original(*args, **kwargs)
+        return rebuild_output(outputs, self.site.structure)
+
+    def _prepare_fast(self) -> None:
+        """What _fast_match compares, precomputed: (shape, dtype, device index, layout) per
+        input and parameter, and where each parameter lives in its module."""
+        site = self.site
+        simple = not site.kw_template and len(site.template) == len(site.input_specs)
+        self._simple = simple and all(
+            kind == "input" and index == i for i, (kind, index) in enumerate(site.template)
+        )
+        self._inputs_fast = [
+            (torch.Size(s.shape), s.dtype, _device_index(s.device), s.contiguous, s.stride)
+            for s in site.input_specs
+        ]
+        self._params_fast = [
+            (torch.Size(s.shape), s.dtype, _device_index(s.device)) for s in self.param_specs
+        ]
+        slots = []
+        for key, tensor in zip(site.root_keys, self.bound):
+            slot = None
+            if site.kind != "chain" and key is not None:
+                path, _, name = key.rpartition(".")
+                owner = site.root.get_submodule(path) if path else site.root
+                table = owner._parameters if name in owner._parameters else owner._buffers
+                slot = (table, name)
+            slots.append((slot, tensor))
+        self._slots = slots
+        self._fast_ready = all(x[2] is not None for x in self._inputs_fast + self._params_fast)
+
+    def _fast_match(self, args, kwargs):
+        """The inputs when the call is exactly the verified one (else None: the full check
+        then says why)."""
+        if not self._fast_ready:
+            if self._fast_ready is None:
+                self._prepare_fast()
+            if not self._fast_ready:
+                return None
+        if kwargs or not self._simple or len(args) != len(self._inputs_fast):
+            return None
+        for t, (shape, dtype, device, contiguous, stride) in zip(args, self._inputs_fast):
+            if type(t) is not Tensor or t.dtype is not dtype or t.shape != shape:
+                return None
+            if t.get_device() != device:
+                return None
+            if not (t.is_contiguous() if contiguous else t.stride() == stride):
+                return None
+        for (slot, bound), (shape, dtype, device) in zip(self._slots, self._params_fast):
+            if slot is not None and slot[0].get(slot[1]) is not bound:
+                return None  # replaced: the full check looks at the new one
+            if bound.dtype is not dtype or bound.shape != shape or bound.get_device() != device:
+                return None
+        for module, training in self.modes:
+            if module.training is not training:
+                return None
+        return args
+
+    def _wants_grad(self, inputs) -> bool:
+        return any(t.requires_grad for t in inputs) or any(t.requires_grad for t in self.bound)
+
+    def _fast_run(self, inputs, args, kwargs):
+        if self.candidate is None:
+            self.run_kernel(list(inputs), self.bound)  # builds it (a deep copy's first call)
+        output = self.candidate(*inputs)
+        if isinstance(output, Tensor):
+            outputs = [output if output.is_contiguous() else output.contiguous()]
+        else:
+            outputs = [o if o.is_contiguous() else o.contiguous() for o in output]
+        self.stats.kernel_calls += 1
+        every = self.verify_every
+        shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
+        if shadow and not self._shadow_check(list(inputs), self.bound, outputs):
+            return self.original(*args, **kwargs)
+        return rebuild_output(outputs, self.site.structure)
+
+    def _match(self, args, kwargs) -> tuple[list[Tensor] | None, str]:
+        site = self.site
+        if len(args) != len(site.template) or kwargs.keys() != site.kw_template.keys():
+            return None, "called with other arguments than the verified call"
+        inputs: list[Any] = [None] * len(site.input_specs)
+        pairs = list(zip(args, site.template))
+        pairs += [(kwargs[key], slot) for key, slot in site.kw_template.items()]
+        for value, (kind, expected) in pairs:
+            if kind == "input":
+                if not isinstance(value, Tensor):
+                    return None, f"input {expected} is a {type(value).__name__}"
+                inputs[expected] = value
+            elif not same_constant(value, expected):
+                return None, f"an argument is {value!r} (verified with {expected!r})"
+        for index, (tensor, spec) in enumerate(zip(inputs, site.input_specs)):
+            why = spec.mismatch(tensor)
+            if why:
+                return None, f"input {index} is {why}"
+        for module, training in self.modes:
+            if module.training != training:
+                mode = "training" if module.training else "eval"
+                return None, f"{type(module).__name__} is in {mode} mode (verified in the other)"
+        return inputs, ""
+
+    def _tensors(self) -> tuple[list[Tensor] | None, str]:
+        """The site's parameters as they are now (a module may have had them replaced)."""
+        site = self.site
+        if site.kind == "chain":
+            tensors = self.bound
+        else:
+            tensors = [
+                _fetch(site.root, key) if key is not None else bound
+                for key, bound in zip(site.root_keys, self.bound)
+            ]
+        for key, tensor, spec in zip(site.problem_keys, tensors, self.param_specs):
+            if not isinstance(tensor, Tensor):
+                return None, f"parameter {key} is gone"
+            why = spec.mismatch(tensor)
+            if why:
+                return None, f"parameter {key} is {why}"
+        return tensors, ""
+
+    def fell_back(self, reason: str) -> None:
+        if torch.compiler.is_compiling():
+            return
+        self.stats.fallbacks += 1
+        self.stats.reason = reason
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"cudaforge: {self.name}: {reason}; running the original PyTorch code for such "
+                "calls (this warning is shown once per hot spot)",
+                FallbackWarning,
+                stacklevel=4,
+            )
+
+    def run_kernel(self, inputs: list[Tensor], tensors: list[Tensor]) -> list[Tensor]:
+        """The candidate on these inputs and parameters -> contiguous output tensors."""
+        candidate = self.candidate
+        if candidate is None:
+            candidate = self.candidate = build_candidate(
+                self.source, self.problem_source, self.site
+            )
+            self.bound = list(self.site.tensors)
+            self._fast_ready = None
+        if len(tensors) == len(self.bound) and all(a is b for a, b in zip(tensors, self.bound)):
+            output = candidate(*inputs)
+        else:
+            swapped = dict(zip(self.site.problem_keys, tensors))
+            output = torch.func.functional_call(candidate, swapped, tuple(inputs), strict=False)
+        outputs = [output] if isinstance(output, Tensor) else list(output)
+        return [o if o.is_contiguous() else o.contiguous() for o in outputs]
+
+    def _shadow_check(self, inputs, tensors, outputs) -> bool:
+        with torch.no_grad(), bypassed():
+            expected = self.site.run_original(inputs, self._original_tensors(tensors))
+        self.stats.shadow_checks += 1
+        _, problem = compare([o.detach() for o in outputs], expected, self.tolerance)
+        if not problem:
+            return True
+        self.enabled = False
+        self.off_reason = f"switched off after a shadow check: {problem}"
+        self.stats.reason = self.off_reason
+        warnings.warn(
+            f"cudaforge: {self.name}: the kernel drifted from the original ({problem}); it is "
+            "switched off and the original PyTorch code runs from now on",
+            DriftWarning,
+            stacklevel=4,
+        )
+        return False
+
+    def _original_tensors(self, tensors):
+        same = all(a is b for a, b in zip(tensors, self.bound))
+        return None if same else tensors
+
+    # ------------------------------------------------------------ autograd
+
+    def gradients(self, grads, inputs, params):
+        """Gradients of the inputs and parameters for the outputs' gradients `grads`."""
+        if self.use_backward_kernel:
+            return self._kernel_gradients(grads, inputs, params)
+        return recompute_gradients(self.site, grads, inputs, params, self.trainable)
+
+    def _kernel_gradients(self, grads, inputs, params):
+        with torch.no_grad():
+            input_grads, param_grads = self.candidate.backward(list(grads), list(inputs))
+        input_grads = list(input_grads)
+        by_name = dict(param_grads or {})
+        return input_grads, [by_name.get(key) for key in self.site.problem_keys]
+
+    # ------------------------------------------------------------ installing
+
+    def install(self) -> None:
+        site = self.site
+        if site.kind == "chain":
+            owner = site.module
+            current = owner.__dict__.get("forward")
+            if isinstance(current, SwappedHotspot):
+                raise SwapError(f"{site.path or 'the model'} is already swapped as a whole")
+            if not isinstance(current, OwnerForward):
+                current = OwnerForward(owner, site)
+                object.__setattr__(owner, "forward", current)
+            current.add(self)
+            return
+        module = site.module
+        current = module.__dict__.get("forward")
+        if isinstance(current, (SwappedHotspot, OwnerForward)):
+            raise SwapError(
+                f"{site.path or 'the model'} is already swapped; cudaforge.restore(model) first"
+            )
+        self.previous = current
+        self.original_forward = module.forward
+        object.__setattr__(module, "forward", self)
+
+    def uninstall(self) -> None:
+        site = self.site
+        if site.kind == "chain":
+            if self.owner_forward is not None:
+                self.owner_forward.remove(self)
+            return
+        module = site.module
+        if module.__dict__.get("forward") is self:
+            if self.previous is None:
+                del module.__dict__["forward"]
+            else:
+                object.__setattr__(module, "forward", self.previous)
+
+
+def _device_index(device: torch.device) -> int | None:
+    """Tensor.get_device()'s answer for this device (-1 on the CPU); None: another kind."""
+    if device.type == "cpu":
+        return -1
+    if device.type == "cuda":
+        return device.index if device.index is not None else torch.cuda.current_device()
+    return None
+
+
+def _capturing() -> bool:
+    """True while a CUDA graph is being captured (a comparison would synchronize)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _plain(tensors: Sequence[Tensor]) -> bool:
+    return all(type(t) in (Tensor, nn.Parameter) for t in tensors)
+
+
+__all__ = ["SwapCheck", "SwapStats", "SwappedHotspot"]
