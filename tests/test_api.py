@@ -37,22 +37,14 @@ def test_all_is_sorted_and_unique():
     assert cudaforge.__all__ == sorted(set(cudaforge.__all__))
 
 
-NEEDS_MODEL_BRANCH = pytest.mark.xfail(strict=False, reason="needs the model branch")
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=NEEDS_MODEL_BRANCH) if name == "apply_stored" else name
-        for name in cudaforge.__all__
-    ],
-)
+@pytest.mark.parametrize("name", cudaforge.__all__)
 def test_every_public_name_resolves(name):
     assert getattr(cudaforge, name) is not None
     assert name in dir(cudaforge) or name in cudaforge._LAZY
 
 
-@NEEDS_MODEL_BRANCH
 def test_apply_stored_is_load():
     assert cudaforge.apply_stored is cudaforge.load
 
