@@ -3,6 +3,7 @@ private home, the network and PID namespaces, and the killing of a candidate's d
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import socket
@@ -146,7 +147,7 @@ def test_private_home_is_private_and_gone_afterwards():
 
 
 _NETWORK_PROBE = """
-import fcntl, json, os, socket, struct, sys
+import fcntl, glob, json, os, socket, struct, sys
 names = [line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]]
 flags = {}
 with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -160,7 +161,7 @@ except OSError as exc:
     connected = repr(exc)
 print(json.dumps({"interfaces": names, "lo_up": bool(flags.get("lo", 0) & 1),
                   "connected": connected, "pid": os.getpid(),
-                  "dev_null": os.path.exists("/dev/null"), "python": sys.version_info[:2]}))
+                  "devices": sorted(glob.glob("/dev/nvidia*")), "python": sys.version_info[:2]}))
 """
 
 
@@ -192,9 +193,55 @@ def test_isolation_prefix_blocks_loopback_tcp(loopback_server):
     seen = _probe_network(prefix, loopback_server)
     assert seen["interfaces"] == ["lo"] and not seen["lo_up"]
     assert seen["connected"] != "yes"
-    assert seen["dev_null"] and seen["python"] == list(sys.version_info[:2])
+    # the GPU's device files (where there are any) and Python work as outside
+    assert seen["devices"] == sorted(glob.glob("/dev/nvidia*"))
+    assert seen["python"] == list(sys.version_info[:2])
     if "--pid" in prefix:
         assert seen["pid"] == 1
+
+
+def test_a_worker_starts_in_the_sandbox_and_imports_torch_and_cudaforge():
+    prefix, _ = isolation_prefix()
+    with private_home() as home:
+        env, _ = candidate_env({**os.environ, "PYTHONPATH": str(REPO)}, home)
+        code = "import torch, cudaforge, os; print(torch.zeros(2).sum().item(), os.getcwd())"
+        child = subprocess.run(
+            [*prefix, sys.executable, "-c", code],
+            capture_output=True, text=True, env=env, cwd=home, timeout=120, check=False,
+        )  # fmt: skip
+        assert child.returncode == 0, child.stderr
+        assert child.stdout.split() == ["0.0", str(home)]
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids of the living processes whose command line holds `marker` (anywhere on the host)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read() and _alive(int(entry)):
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("pid_namespace", [False, True])
+def test_the_pid_namespace_ends_every_process_left_in_it(pid_namespace):
+    prefix, notes = isolation_prefix(pid_namespace)
+    if pid_namespace and "--pid" not in prefix:
+        pytest.skip("; ".join(notes))
+    marker = f"cudaforge-test-orphan-{os.getpid()}-{pid_namespace}"
+    candidate = _CANDIDATE.replace("time.sleep(60)", f"time.sleep(60)  # {marker}")
+    # the first process starts a child in a new session and exits at once
+    subprocess.run([*prefix, sys.executable, "-c", candidate], timeout=60, check=True,
+                   capture_output=True)  # fmt: skip
+    time.sleep(0.2)
+    leftovers = _processes_with(marker)
+    for pid in leftovers:
+        os.kill(pid, 9)
+    # without a PID namespace the child outlives its parent; with one it is gone with pid 1
+    assert bool(leftovers) is not pid_namespace
 
 
 def test_isolation_prefix_is_probed_once():
