@@ -30,7 +30,7 @@ _KEY_PATTERNS = (
     re.compile(r"\bAIza[0-9A-Za-z_\-]{35}"),  # Google API key
 )
 # the password part of a URL's user information: scheme://user:PASSWORD@host
-_URL_PASSWORD = re.compile(r"(://[^/\s:@]+:)[^/\s@]+@")
+_URL_PASSWORD = re.compile(r"://[^/\s:@]+:([^/\s@]+)@")
 
 # Parts of a variable's name that mark a secret. KEY and TOKEN count only at the end of a part
 # (OPENAI_API_KEY, APIKEY, GH_TOKEN, AUTHTOKEN), so KEYBOARD, KEYMAP and TOKENIZERS_PARALLELISM
@@ -60,12 +60,27 @@ def redact(text: str) -> str:
     """`text` without any known secret: the registered values, the values of the environment's
     *_API_KEY variables, anything shaped like an API key (sk-..., ghp_..., hf_..., AKIA...) and
     the password of a URL (`https://user:PASSWORD@host`)."""
-    for secret in sorted(registered_secrets(), key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, REDACTED)
+    # spans found in the original text, merged where they overlap, so that no secret is cut in
+    # two by another's replacement and then missed (a short registered value inside a token)
+    spans = []
+    for secret in registered_secrets():
+        start = text.find(secret)
+        while start >= 0:
+            spans.append((start, start + len(secret)))
+            start = text.find(secret, start + 1)
     for pattern in _KEY_PATTERNS:
-        text = pattern.sub(REDACTED, text)
-    return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
+        spans += [m.span() for m in pattern.finditer(text)]
+    spans += [m.span(1) for m in _URL_PASSWORD.finditer(text)]
+    if not spans:
+        return text
+    pieces, done = [], 0
+    for start, end in sorted(spans):
+        if start < done:  # overlaps the span before: extend it
+            done = max(done, end)
+            continue
+        pieces += [text[done:start], REDACTED]
+        done = end
+    return "".join(pieces) + text[done:]
 
 
 def redact_all(data: Any) -> Any:
