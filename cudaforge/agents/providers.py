@@ -14,7 +14,9 @@ Every provider follows one small contract (`Provider`): a model id, whether it n
 from which environment variable, and `complete(messages) -> Reply`. HTTP goes through the C core
 (`_core.http_post`, libcurl, GIL released); the retry policy lives here: 429, 408, 5xx and failed
 connections are retried with exponential backoff, honouring Retry-After, a bounded number of
-times. API keys never appear in reprs, logs, errors or transcripts (`redact`).
+times. API keys never appear in reprs, logs, errors or transcripts (`redact`); the registry of
+secrets is the harness's (`cudaforge.harness.secrets`), so a key given to a provider is also kept
+out of candidates' environments and results.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import json
 import logging
 import os
 import random
-import re
 import threading
 import time
 from collections import deque
@@ -35,6 +36,7 @@ from typing import Any
 
 from .. import _core
 from ..errors import HTTPError, LLMError, NeedsKeyError
+from ..harness.secrets import redact, register_secret
 
 log = logging.getLogger("cudaforge.agents.providers")
 
@@ -69,35 +71,6 @@ ANTHROPIC_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 
 Messages = list[dict[str, str]]  # [{"role": "system" | "user" | "assistant", "content": str}]
-
-
-# ---------------------------------------------------------------- secrets
-
-
-_secrets: set[str] = set()
-_secrets_lock = threading.Lock()
-# Strings that look like provider keys, e.g. in an echoed error message: sk-..., sk-ant-...
-_KEY_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_\-*.]{16,}")
-REDACTED = "[redacted]"
-
-
-def register_secret(value: str | None) -> None:
-    """Remember a key so that `redact` removes it from every text it is given."""
-    if value and len(value) >= 8:
-        with _secrets_lock:
-            _secrets.add(value)
-
-
-def redact(text: str) -> str:
-    """`text` without any known API key: the keys given to providers, the values of the
-    environment's *_API_KEY variables, and anything shaped like an `sk-` key."""
-    with _secrets_lock:
-        secrets = set(_secrets)
-    secrets.update(v for k, v in os.environ.items() if k.endswith("_API_KEY") and len(v) >= 8)
-    for secret in sorted(secrets, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, REDACTED)
-    return _KEY_PATTERN.sub(REDACTED, text)
 
 
 # ---------------------------------------------------------------- usage and replies
