@@ -142,7 +142,7 @@ def isolation_prefix(pid_namespace: bool = True) -> tuple[list[str], list[str]]:
     """(argv prefix, notes): the command prefix that starts a process with no network (a new
     network namespace: only `lo`, and it is down) and, with `pid_namespace`, in its own PID
     namespace (it is pid 1 there; when it exits, every process it left is killed), e.g.
-    `["unshare", "--net", "--pid", "--fork", "--kill-child"]`, with `--user --map-root-user`
+    `["unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child"]`, with `--user --map-root-user`
     when not root. A namespace the OS refuses is left out, and `notes` says which and why.
     Probed once per process, in one `sh` subprocess of a few ms that cannot hang."""
     prefix, notes = _probe(pid_namespace)
@@ -157,7 +157,9 @@ def _probe(pid_namespace: bool) -> tuple[list[str], list[str]]:
         return [], [f"no {w} namespace: util-linux's `unshare` is not installed" for w in wanted]
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
     net = ["--net"]
-    pid = ["--pid", "--fork", "--kill-child"] if pid_namespace else []
+    # CUDA needs a /proc of the new namespace: without --mount-proc it fails to start there
+    # (cudaGetDeviceCount: error 304 on the H200, 2026-12-03)
+    pid = ["--pid", "--fork", "--mount-proc", "--kill-child"] if pid_namespace else []
     attempts = {"both": net + pid, "network": net, "PID": pid}
     # one line per attempt, "<what> ok" or "<what> <unshare's message>"; the namespaces one
     # by one only when both together are refused
