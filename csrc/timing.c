@@ -5,7 +5,7 @@
  * CONCURRENT_KERNEL kind (serial=False) lets kernels overlap; on GPUs before Blackwell CUPTI
  * times those by instrumenting the kernels, and on the H200 that made a tanh-GELU kernel of 262k
  * blocks read 226.9 us against 208.8 us with KERNEL records, 207.9 us from the Range Profiler's
- * gpu__time_duration and 208.1 us from ncu (benchmarks/kernel_time_conditions.py, 2026-12-02).
+ * gpu__time_duration and 208.1 us from ncu (measured 2026-12-02; benchmarks/RESULTS.md).
  *
  * CUPTI hands filled buffers to a callback on its own thread, so the records are copied into C
  * memory under a mutex there, with no Python object touched; timing_stop() flushes, and only then

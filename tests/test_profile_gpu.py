@@ -1,4 +1,4 @@
-"""timing.c, metrics.c and profile.py on the GPU (the H200; root, so counters are readable).
+"""timing.c, the profiler_*.c files and profiling/ on the GPU (the H200; root, so counters are readable).
 
 Run: pytest -m gpu tests/test_profile_gpu.py -v -s   (-s shows which coexistence case happened)
 """

@@ -1,4 +1,4 @@
-"""profile.py and metrics.c without a GPU: metric list parsing, offline validation through CUPTI's
+"""profiling/ and profiler_host.c without a GPU: metric list parsing, offline validation through CUPTI's
 profiler host API for GH100 (H100/H200), pass counts, and the occupancy calculator behind the
 launch__* metrics."""
 

@@ -84,7 +84,7 @@ class EvalResult:
     worker: int | None = None
     node: str = ""  # the Ray node that measured it (its node id); "" for a local pool
     phase_seconds: dict[str, float] = field(default_factory=dict)
-    # added with the evaluation harness (cudaforge/evaluate.py)
+    # added with the evaluation harness (cudaforge/harness/)
     problem_hash: str = ""  # sha256 of the problem source that ran (size overrides included)
     candidate_hash: str = ""  # sha256 of the candidate source
     seed: int = 0  # trial t draws its inputs from seed + t
