@@ -177,7 +177,9 @@ def read_runs(results: Path, transcripts: Path | None = None) -> dict[str, Probl
     if results.is_file():
         keys = {str(r.get("key") or r.get("problem")) for r in read_results(results).records}
     if folder.is_dir():
-        keys |= {p.relative_to(folder).as_posix()[: -len(".jsonl")] for p in folder.rglob("*.jsonl")}
+        keys |= {
+            p.relative_to(folder).as_posix()[: -len(".jsonl")] for p in folder.rglob("*.jsonl")
+        }
     runs = {}
     for key in sorted(keys):
         path = transcript_path(folder, key)
@@ -241,16 +243,20 @@ def report_markdown(
     lines = [f"### {title}", ""] if title else []
     models = sorted({m for r in mine.values() for m in r.models})
     lines += [
-        f"{n} problems, {len(mine)} with a transcript; {rounds} rounds; models: "
-        f"{', '.join(models) or 'none yet'}.",
+        (
+            f"{n} problems, {len(mine)} with a transcript; {rounds} rounds; models: "
+            f"{', '.join(models) or 'none yet'}."
+        ),
         "",
         *markdown_table(header, table),
         "",
-        "Per round k: each problem's best correct kernel after rounds 1..k. fast_p: share of all "
-        f"{n} problems whose kernel is correct and more than p times faster than eager PyTorch "
-        "(eager) or than the faster of eager and torch.compile (max; eager alone where torch.compile "
-        "was not timed); geomean and median over the correct problems; improved: problems whose "
-        "best kernel is new in round k.",
+        (
+            "Per round k: each problem's best correct kernel after rounds 1..k. fast_p: share of "
+            f"all {n} problems whose kernel is correct and more than p times faster than eager "
+            "PyTorch (eager) or than the faster of eager and torch.compile (max; eager alone where "
+            "torch.compile was not timed); geomean and median over the correct problems; "
+            "improved: problems whose best kernel is new in round k."
+        ),
         "",
     ]
     calls = {role: sum(r.calls.get(role, 0) for r in mine.values()) for role in ("coder", "judge")}
@@ -270,9 +276,11 @@ def report_markdown(
     )  # fmt: skip
     lines += [
         "",
-        "harness share: the evaluations' time (compile, check, time, profile) / the loop's wall "
-        "time, summed over resumed runs; LLM time is the time spent waiting for replies (a "
-        "`file:...?wait=0` run does not wait: its replies were written between runs).",
+        (
+            "harness share: the evaluations' time (compile, check, time, profile) / the loop's "
+            "wall time, summed over resumed runs; LLM time is the time spent waiting for replies "
+            "(a `file:...?wait=0` run does not wait: its replies were written between runs)."
+        ),
     ]
     return "\n".join(lines) + "\n"
 

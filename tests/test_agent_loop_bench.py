@@ -14,7 +14,7 @@ from cudaforge.harness.results import EvalResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-import agent_loop  # noqa: E402
+import agent_loop
 
 PROBLEM = """import torch
 class Model(torch.nn.Module):

@@ -136,6 +136,7 @@ def test_optimize_profiles_by_default_on_a_gpu():
 
 def test_optimize_tells_its_run_to_profile_only_on_a_gpu():
     model = torch.nn.Linear(4, 4)
+
     def make(profile):
         return _Run(mode="optimize", model=model, example_inputs=(torch.randn(2, 4),), targets=None,
                     training=False, inplace=False, verify_every=0, pool=None, evaluate=None,

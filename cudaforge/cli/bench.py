@@ -644,11 +644,11 @@ def loop_forge(
 
 __all__ = [
     "STOP_ON",
-    "compiled_times_path",
     "BenchOutcome",
     "BenchProblem",
     "BenchRecord",
     "ResultsFile",
+    "compiled_times_path",
     "dev_set_problems",
     "dir_problems",
     "loop_forge",

@@ -333,7 +333,7 @@ def cmd_optimize(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
-    return run_demo(out_dir=args.out, llm=args.llm, run_command=main)
+    return run_demo(out_dir=args.out, llm=args.llm, run_command=main, runs_dir=args.runs)
 
 
 # ---------------------------------------------------------------- the parser
@@ -441,8 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_option(p)
     p.set_defaults(run=cmd_optimize)
 
-    p = sub.add_parser("demo", help="the main job: prove and profile the shipped kernels")
+    p = sub.add_parser(
+        "demo",
+        help="the main job: the agents' recorded runs (proven live on a GPU), or the "
+        "shipped kernels",
+    )
     p.add_argument("--out", default="cudaforge-demo", help="folder for the report")
+    p.add_argument("--runs", help="folder of recorded agent runs (default benchmarks/runs/)")
     p.add_argument(
         "--llm",
         default=os.environ.get("CUDAFORGE_LLM"),
