@@ -177,8 +177,12 @@ class BenchRecord:
     speedup_vs_compile: float | None = None  # torch.compile time / the kernel's time, when timed
     candidate_ms: float | None = None
     reference_ms: float | None = None
+    compiled_reference_ms: float | None = None  # torch.compile of the reference, when timed
     cost_usd: float | None = None  # None: not known (forge_one raised)
     unpriced_calls: int = 0  # calls to models without a known price (not in cost_usd)
+    llm_calls: int = 0
+    input_tokens: int = 0  # as the providers count them (file: estimates them)
+    output_tokens: int = 0
     seconds: float | None = None
     rounds: int = 0
     stop_reason: str = ""
@@ -225,6 +229,24 @@ def _safe_relpath(key: str) -> Path:
     return Path(*parts) if parts else Path("problem")
 
 
+def compiled_times_path(results: str | os.PathLike) -> Path:
+    """Where a run keeps each problem's torch.compile time (cudaforge.harness.compiled_reference):
+    beside the results file, so that a resumed run on another machine does not compile again."""
+    path = Path(results)
+    return path.with_name(path.stem + "_compiled_reference.json")
+
+
+def transcripts_dir_path(results: str | os.PathLike) -> Path:
+    """The folder of a run's transcripts: `<results without suffix>_transcripts` beside it."""
+    return Path(str(Path(results).with_suffix("")) + "_transcripts")
+
+
+def transcript_path(transcripts_dir: str | os.PathLike, key: str) -> Path:
+    """Where a run writes the transcript of problem `key`: transcripts_dir/<key>.jsonl."""
+    path = Path(transcripts_dir) / _safe_relpath(key)
+    return path.with_name(path.name + ".jsonl")
+
+
 def write_kernel(kernels_dir: str | os.PathLike, key: str, source: str) -> Path:
     """Write a problem's best kernel source to kernels_dir/<key>.py; returns the path."""
     path = Path(kernels_dir) / _safe_relpath(key)
@@ -247,6 +269,9 @@ def record_from_loop(
         problem_id=problem.problem_id,
         cost_usd=usage.cost_usd if usage is not None else None,
         unpriced_calls=usage.unpriced_calls if usage is not None else 0,
+        llm_calls=usage.calls if usage is not None else 0,
+        input_tokens=usage.input_tokens if usage is not None else 0,
+        output_tokens=usage.output_tokens if usage is not None else 0,
         seconds=loop.seconds,
         rounds=loop.rounds,
         stop_reason=loop.stop_reason,
@@ -258,6 +283,7 @@ def record_from_loop(
         record.speedup = result.speedup
         record.speedup_vs_compile = result.speedup_vs_compile
         record.candidate_ms, record.reference_ms = result.candidate_ms, result.reference_ms
+        record.compiled_reference_ms = result.compiled_reference_ms
         if kernels_dir is not None and best.source:
             record.best_path = str(write_kernel(kernels_dir, problem.key, best.source))
     elif loop.attempts:
@@ -607,8 +633,7 @@ def loop_forge(
     def forge_one(problem: BenchProblem) -> Any:
         transcript = None
         if transcripts_dir is not None:
-            transcript = Path(transcripts_dir) / _safe_relpath(problem.key)
-            transcript = transcript.with_name(transcript.name + ".jsonl")
+            transcript = transcript_path(transcripts_dir, problem.key)
             transcript.parent.mkdir(parents=True, exist_ok=True)
         return run_loop(
             problem.source, evaluate, name=problem.name, transcript=transcript, **loop_options
@@ -623,11 +648,14 @@ __all__ = [
     "BenchProblem",
     "BenchRecord",
     "ResultsFile",
+    "compiled_times_path",
     "dev_set_problems",
     "dir_problems",
     "loop_forge",
     "read_results",
     "record_from_loop",
     "run_bench",
+    "transcript_path",
+    "transcripts_dir_path",
     "write_kernel",
 ]

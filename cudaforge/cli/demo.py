@@ -1,5 +1,13 @@
 """`cudaforge demo`, the main job on a fresh machine.
 
+Without a model named, the demo shows the agents at work: it replays the real-LLM transcripts that
+the agent-loop benchmark committed under benchmarks/runs/ (`replay:` for the Coder and the
+Judge). On a GPU each replayed kernel is proven again live (the loop re-runs with the recorded
+replies and this GPU's evaluations); without one, the recorded run is shown. Either way: the
+rounds, the first lines of the Judge's reasoning, and the speedups against eager PyTorch and
+torch.compile. When no transcript is there (an installed package has no benchmarks/ folder), it
+says so and falls back to the shipped examples:
+
 With a GPU: each shipped example kernel (hand-written reference kernels for KernelBench dev
 problems, in cudaforge/examples/) is proven against PyTorch (5 trials, guards), timed against eager
 PyTorch, and profiled the way the Judge sees it; the results go to a markdown report. With an LLM
@@ -18,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+RUNS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "runs"
+MAX_REPLAYS = 8  # transcripts shown, at most
+JUDGE_LINES = 3  # of each Judge answer
 FORGE_PROBLEM = "L1/19"  # ReLU: small, so a first forge with a real model is quick and cheap
 
 
@@ -50,11 +61,14 @@ def run_demo(
     out_dir: str = "cudaforge-demo",
     llm: str | None = None,
     run_command: Callable[[list[str]], int] | None = None,
+    runs_dir: str | os.PathLike | None = None,
 ) -> int:
-    """Prove (GPU) or compile (no GPU) the shipped examples and write out_dir/demo.md; with `llm`,
-    also forge one problem through `run_command`, the `cudaforge` command line's entry point (the
-    CLI passes its own `main`: the demo runs `cudaforge forge` as a user would). Returns the exit
-    code: 0 when everything passed."""
+    """Without `llm`: replay the agents' recorded runs in runs_dir (default benchmarks/runs/),
+    proven live on a GPU, or, when there are none, prove (GPU) or compile (no GPU) the shipped
+    examples. With `llm`: the examples, then forge one problem through `run_command`, the
+    `cudaforge` command line's entry point (the CLI passes its own `main`: the demo runs
+    `cudaforge forge` as a user would). Writes out_dir/demo.md; returns the exit code, 0 when
+    everything passed."""
     from .doctor import doctor, format_report, has_gpu
 
     if llm and run_command is None:
@@ -65,10 +79,23 @@ def run_demo(
     _say()
     gpu = has_gpu()
     lines = [f"# cudaforge demo ({time.strftime('%Y-%m-%d %H:%M')})", ""]
-    if gpu:
+    runs = [] if llm else recorded_runs(RUNS_DIR if runs_dir is None else Path(runs_dir))
+    if runs:
+        ok = _show_agents(runs, gpu, out, lines)
+    elif gpu:
         ok = _prove_examples(out, lines)
     else:
         ok = _compile_examples(lines)
+    if not llm and not runs:
+        where = RUNS_DIR if runs_dir is None else runs_dir
+        lines[2:2] = [
+            (
+                f"No recorded agent runs in `{where}` (the agent-loop benchmark commits them "
+                "there; an installed package has none), so this shows the shipped hand-written "
+                "examples."
+            ),
+            "",
+        ]
     if llm:
         ok = _forge_one(llm, run_command, out, lines) and ok
     else:
@@ -88,6 +115,130 @@ def run_demo(
     _say("\n".join(lines))
     _say(f"\nreport: {report}")
     return 0 if ok else 1
+
+
+# ---------------------------------------------------------------- the agents' recorded runs
+
+
+def recorded_runs(folder: Path) -> list[Path]:
+    """The loop transcripts under `folder` (a first record of kind "start" and a model's reply
+    in it), by path, at most MAX_REPLAYS."""
+    from ..agents.transcript import read_transcript
+
+    found = []
+    for path in sorted(folder.rglob("*.jsonl")) if folder.is_dir() else []:
+        try:
+            records = read_transcript(path)
+        except (OSError, ValueError):
+            continue
+        if (
+            records
+            and records[0].get("kind") == "start"
+            and any(r.get("kind") == "llm" for r in records)
+        ):
+            found.append(path)
+    return found[:MAX_REPLAYS]
+
+
+def _show_agents(runs: list[Path], gpu: bool, out: Path, lines: list[str]) -> bool:
+    from ..agents.transcript import read_transcript
+
+    how = (
+        "replayed with the recorded replies and proven again live on this GPU (every candidate "
+        "checked and timed here)"
+        if gpu
+        else "as recorded (no GPU here: run the same command on one to prove each kernel live)"
+    )
+    lines += [
+        "## The agents at work",
+        "",
+        f"Runs of the Coder and the Judge with a real LLM from the agent-loop benchmark, {how}.",
+    ]
+    ok = True
+    for path in runs:
+        records = read_transcript(path)
+        if gpu:
+            records, proven = _replay_live(path, records[0], out)
+            ok = ok and proven
+        lines += [""] + transcript_lines(records, path)
+    return ok
+
+
+def _replay_live(path: Path, start: dict, out: Path) -> tuple[list[dict], bool]:
+    """The recorded run again through the loop: replies replayed, candidates evaluated here."""
+    from ..agents.loop import run_loop
+    from ..agents.transcript import read_transcript
+    from ..harness.compiled_reference import CompiledReferenceTimes, once_per_problem
+    from ..harness.evaluate import evaluate
+    from ..harness.problem import Problem
+
+    name = str(start.get("problem") or path.stem)
+    _say(f"replaying {name} from {path} ...")
+
+    def evaluate_here(problem_source: str, candidate_source: str, compare_compile: bool):
+        problem = Problem.from_source(problem_source, name=name)
+        return evaluate(problem, candidate_source, compare_compile=compare_compile, profile=True)
+
+    times = CompiledReferenceTimes(out / "compiled_reference.json")
+    live = out / "replays" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.jsonl"
+    result = run_loop(
+        start["problem_source"], once_per_problem(evaluate_here, times),
+        coder=f"replay:{path}", judge=f"replay:{path}", rounds=int(start.get("rounds") or 1),
+        candidates=int(start.get("candidates") or 1), transcript=live, name=name,
+    )  # fmt: skip
+    recorded_best = any(r.get("kind") == "best" for r in read_transcript(path))
+    return read_transcript(live), result.best is not None or not recorded_best
+
+
+def _speedups(result: dict) -> tuple[str, str]:
+    def x(value):
+        return "-" if not value else f"{value:.2f}x"
+
+    return x(result.get("speedup")), x(result.get("speedup_vs_compile"))
+
+
+def transcript_lines(records: list[dict], path: Path) -> list[str]:
+    """A transcript as markdown: the models, each round's candidate, the Judge's reasoning (its
+    first lines), and the best kernel's speedups against eager and torch.compile."""
+    start = records[0]
+    lines = [
+        f"### {start.get('problem', path.stem)}",
+        "",
+        f"Coder {start.get('coder', '?')}, Judge {start.get('judge', '?')}; transcript `{path}`.",
+        "",
+        "| round | task | status | kernel ms | vs eager | vs torch.compile |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    judged = []
+    for r in records:
+        if r.get("kind") == "eval":
+            result = r.get("result") or {}
+            ms = result.get("candidate_ms")
+            eager, compiled = _speedups(result)
+            lines.append(
+                f"| {r.get('round')} | {r.get('task')} | {result.get('status', '?')} | "
+                f"{'-' if ms is None else f'{ms:.4g}'} | {eager} | {compiled} |"
+            )
+        elif r.get("kind") == "llm" and r.get("role") == "judge":
+            said = [line.strip() for line in str(r.get("reply", "")).splitlines() if line.strip()]
+            judged.append(f"- round {r.get('round')}: " + " / ".join(said[:JUDGE_LINES]))
+    if judged:
+        lines += ["", "The Judge's reasoning (first lines):", "", *judged]
+    end = next((r for r in reversed(records) if r.get("kind") == "end"), None)
+    best = (end or {}).get("best_result")
+    if best:
+        eager, compiled = _speedups(best)
+        best_line = (
+            f"Best kernel: round {end.get('best_round')}, {eager} against eager PyTorch, "
+            f"{compiled} against torch.compile."
+        )
+        lines += ["", best_line]
+    else:
+        lines += ["", "No correct kernel in this run."]
+    return lines
+
+
+# ---------------------------------------------------------------- the shipped examples
 
 
 def _prove_examples(out: Path, lines: list[str]) -> bool:

@@ -148,12 +148,17 @@ def cmd_profile(args) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
-def _source_evaluator(args, *, name: str | None = None, profile: bool = False, pool=None):
-    """The agents' evaluate(problem_source, candidate_source) with the command's run options."""
+def _source_evaluator(
+    args, *, name: str | None = None, profile: bool = False, pool=None, compiled_times=None
+):
+    """The agents' evaluate(problem_source, candidate_source) with the command's run options.
+    compiled_times: a file (cudaforge.harness.compiled_reference) that makes the evaluations time
+    torch.compile of each problem's reference once; None: not timed."""
+    from ..harness.compiled_reference import CompiledReferenceTimes, once_per_problem
     from ..harness.evaluate import evaluate
     from ..harness.problem import Problem
 
-    def run(problem_source: str, candidate_source: str):
+    def run(problem_source: str, candidate_source: str, compare_compile: bool = False):
         problem = Problem.from_source(problem_source, name=name)
         return evaluate(
             problem,
@@ -161,11 +166,14 @@ def _source_evaluator(args, *, name: str | None = None, profile: bool = False, p
             trials=args.trials,
             timed_runs=args.timed_runs,
             timeout=args.timeout,
+            compare_compile=compare_compile,
             profile=profile,
             pool=pool,
         )
 
-    return run
+    if compiled_times is None:
+        return run
+    return once_per_problem(run, CompiledReferenceTimes(compiled_times))
 
 
 def cmd_forge(args) -> int:
@@ -180,7 +188,13 @@ def cmd_forge(args) -> int:
         f"transcript {transcript}",
         file=sys.stderr,
     )
-    evaluate = _source_evaluator(args, name=problem.name, profile=has_gpu() and not args.no_profile)
+    gpu = has_gpu()
+    evaluate = _source_evaluator(
+        args,
+        name=problem.name,
+        profile=gpu and not args.no_profile,
+        compiled_times=out_dir / "compiled_reference.json" if gpu else None,
+    )
     result = run_loop(
         problem.source,
         evaluate,
@@ -207,7 +221,14 @@ def cmd_forge(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import dev_set_problems, dir_problems, loop_forge, run_bench
+    from .bench import (
+        compiled_times_path,
+        dev_set_problems,
+        dir_problems,
+        loop_forge,
+        run_bench,
+        transcripts_dir_path,
+    )
 
     levels = args.level or None
     ids = args.ids or None
@@ -226,13 +247,18 @@ def cmd_bench(args) -> int:
     shrink = args.shrink or not gpu
 
     forge = loop_forge(
-        _source_evaluator(args, pool=pool),
+        _source_evaluator(
+            args,
+            pool=pool,
+            profile=gpu and not args.no_profile,
+            compiled_times=compiled_times_path(args.results) if gpu else None,
+        ),
         coder=args.llm,
         judge=args.judge,
         rounds=args.rounds,
         max_dollars=args.max_dollars,
         gpu=gpu_facts(),
-        transcripts_dir=str(Path(args.results).with_suffix("")) + "_transcripts",
+        transcripts_dir=transcripts_dir_path(args.results),
     )
     if shrink:
         inner = forge
@@ -253,6 +279,7 @@ def cmd_bench(args) -> int:
                 "judge": args.judge or args.llm,
                 "rounds": args.rounds,
                 "shrunk": shrink,
+                "profile": gpu and not args.no_profile,
             },
         )
     finally:
@@ -291,7 +318,13 @@ def cmd_optimize(args) -> int:
             raise ValueError(f"{args.script} must define {needed}()")
     model, inputs = script["get_model"](), script["get_inputs"]()
     result = optimize(
-        model, inputs, llm=args.llm, judge=args.judge, rounds=args.rounds, training=args.training
+        model,
+        inputs,
+        llm=args.llm,
+        judge=args.judge,
+        rounds=args.rounds,
+        training=args.training,
+        profile=not args.no_profile,
     )
     print(result.report())
     return EXIT_OK
@@ -300,7 +333,7 @@ def cmd_optimize(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
-    return run_demo(out_dir=args.out, llm=args.llm, run_command=main)
+    return run_demo(out_dir=args.out, llm=args.llm, run_command=main, runs_dir=args.runs)
 
 
 # ---------------------------------------------------------------- the parser
@@ -338,6 +371,15 @@ def _add_llm_options(p) -> None:
     p.add_argument("--max-dollars", type=float, help="stop a problem past this cost")
 
 
+def _add_profile_option(p) -> None:
+    p.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="the Judge gets timing only: no hardware metrics (on a GPU every correct candidate "
+        "is profiled by default)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cudaforge", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -363,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_llm_options(p)
     p.add_argument("--max-seconds", type=float, help="stop past this wall time")
     p.add_argument("--candidates", type=int, default=1, help="parallel candidates per round")
-    p.add_argument("--no-profile", action="store_true", help="no hardware metrics for the Judge")
+    _add_profile_option(p)
     p.add_argument("--out", default="cudaforge-out", help="folder for the best kernel and log")
     p.set_defaults(run=cmd_forge)
 
@@ -383,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_run_options(p)
     _add_llm_options(p)
+    _add_profile_option(p)
     p.set_defaults(run=cmd_bench)
 
     p = sub.add_parser("report", help="summarize bench results in the paper's terms")
@@ -395,10 +438,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script", help="a .py file defining get_model() and get_inputs()")
     _add_llm_options(p)
     p.add_argument("--training", action="store_true", help="keep autograd right")
+    _add_profile_option(p)
     p.set_defaults(run=cmd_optimize)
 
-    p = sub.add_parser("demo", help="the main job: prove and profile the shipped kernels")
+    p = sub.add_parser(
+        "demo",
+        help="the main job: the agents' recorded runs (proven live on a GPU), or the "
+        "shipped kernels",
+    )
     p.add_argument("--out", default="cudaforge-demo", help="folder for the report")
+    p.add_argument("--runs", help="folder of recorded agent runs (default benchmarks/runs/)")
     p.add_argument(
         "--llm",
         default=os.environ.get("CUDAFORGE_LLM"),

@@ -154,7 +154,7 @@ class _Found:
 class _Run:
     def __init__(self, *, mode, model, example_inputs, targets, training, inplace, verify_every,
                  pool, evaluate, store, progress, min_share, max_hotspots, min_speedup,
-                 tolerance, eval_options):  # fmt: skip
+                 tolerance, eval_options, profile=False):  # fmt: skip
         self.mode = mode
         self.started = time.monotonic()
         self.args, self.kwargs = split_inputs(example_inputs)
@@ -173,6 +173,8 @@ class _Run:
         self.store = _store(store)
         self.pool = pool
         self.eval_options = dict(eval_options or {})
+        # the Judge's hardware metrics: every correct candidate is profiled on a GPU
+        self.profile = profile and self.device.type == "cuda"
         self._evaluate = evaluate
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -186,6 +188,7 @@ class _Run:
         if self._evaluate is not None:
             return self._evaluate(problem_source, candidate_source)
         options = dict(self.eval_options)
+        options.setdefault("profile", self.profile)
         if self.device.type != "cuda":
             options.setdefault("device", "cpu")
         if self.pool is None:
@@ -547,6 +550,7 @@ def optimize(
     candidates: int = 1,
     eval_options: dict | None = None,
     cluster: str | None = None,
+    profile: bool = True,
 ) -> OptimizeResult:
     """Make `model` faster on inputs like `example_inputs` with verified kernels for its hot spots.
 
@@ -565,7 +569,9 @@ def optimize(
     reuse: take stored kernels that pass again before asking the agents. min_speedup: a kernel
     must be faster than this (worker and in-process). tolerance: atol = rtol of the in-process
     checks (default per dtype). candidates: parallel lanes per agents loop. eval_options: more
-    options for cudaforge.harness.evaluate (trials, timed_runs, profile, ...). cluster: "ray" evaluates
+    options for cudaforge.harness.evaluate (trials, timed_runs, ...). profile: on a GPU, profile
+    every correct candidate so that the Judge reads its hardware metrics (False: timing only;
+    eval_options' "profile" wins). cluster: "ray" evaluates
     on a Ray cluster when no pool is given (a cudaforge.RayPool on the cluster RAY_ADDRESS names,
     or a local instance; closed at the end).
 
@@ -578,7 +584,7 @@ def optimize(
         training=training, inplace=inplace, verify_every=verify_every, pool=pool,
         evaluate=evaluate, store=store, progress=progress, min_share=min_share,
         max_hotspots=max_hotspots, min_speedup=min_speedup, tolerance=tolerance,
-        eval_options=eval_options,
+        eval_options=eval_options, profile=profile,
     )  # fmt: skip
     from ..agents.providers import Provider, get_provider
 

@@ -441,6 +441,9 @@ def summary_page(summary) -> str:
     if summary.settings:
         out.append(f'<p class="source">Settings: {esc(summary.settings_text())}</p>')
     out += html_table(*summary.table(), "summary", last_is_total=True)
+    if summary.overall.compile_n:
+        out.append("<p>Against eager, torch.compile and the faster of the two:</p>")
+        out += html_table(*summary.baseline_table(), "baselines")
     out.append('<ul class="notes">')
     out += [f"<li>{esc(note)}</li>" for note in summary.notes()]
     out.append("</ul>")

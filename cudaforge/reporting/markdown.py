@@ -32,6 +32,9 @@ def summary_markdown(summary, problems: bool = True) -> str:
         lines += [f"Settings: {summary.settings_text()}", ""]
     header, rows = summary.table()
     lines += markdown_table(header, rows, bold_last=True)
+    if summary.overall.compile_n:
+        lines += ["", "Against eager, torch.compile and the faster of the two:", ""]
+        lines += markdown_table(*summary.baseline_table())
     lines += [""] + [f"- {note}" for note in summary.notes()]
     if problems:
         lines += ["", "## Problems", ""]

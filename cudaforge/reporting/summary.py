@@ -4,7 +4,8 @@ From a results file of `cudaforge.cli.bench` (one JSON record per problem): the 
 fast_p (the share of ALL problems whose kernel is correct and more than p times faster than
 PyTorch eager, p = 0, 1, 1.5, 2; fast_0 is the correctness rate), the mean and geometric-mean
 speedup over the correct problems, the same with a problem without a correct kernel counted as 1x,
-and the cost and time per kernel, per level and overall. A `Summary` also says what its tables
+and the cost and time per kernel, per level and overall; and fast_p, geomean and median against
+eager, torch.compile and the faster of the two (cudaforge.reporting.speedups). A `Summary` also says what its tables
 and notes hold; cudaforge.reporting.markdown and cudaforge.reporting.html lay them out.
 """
 
@@ -24,6 +25,7 @@ from ..cli.bench import BenchRecord, read_results
 from .formatting import duration, percent, times, usable_speedup, usd
 from .html import summary_page
 from .markdown import summary_markdown
+from .speedups import BaselineStats, all_baselines
 
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 # what the paper reports (arXiv 2511.01884, abstract), shown beside our numbers for orientation
@@ -87,6 +89,7 @@ class GroupSummary:
     seconds_total: float
     seconds_per_kernel: float | None
     statuses: dict[str, int] = field(default_factory=dict)  # status -> problems
+    baselines: list[BaselineStats] = field(default_factory=list)  # eager, compile, faster
 
     @property
     def errors(self) -> int:
@@ -136,6 +139,7 @@ def summarize_group(label: str, level: int | None, records: list[BenchRecord]) -
         seconds_total=float(sum(times)),
         seconds_per_kernel=_mean(times),
         statuses=dict(Counter(r.status for r in records).most_common()),
+        baselines=all_baselines([(r.speedup, r.speedup_vs_compile) for r in correct], n),
     )
 
 
@@ -221,6 +225,19 @@ class Summary:
             rows.append(row)
         return header, rows
 
+    def baseline_table(self) -> tuple[list[str], list[list[str]]]:
+        """fast_p, geomean and median against eager, torch.compile and the faster of the two:
+        one row per level and baseline, then all problems."""
+        header = ["", "against", "timed"]
+        header += list(self.overall.baselines[0].fast_p) + ["geomean speedup", "median speedup"]
+        rows = []
+        for g in self.groups:
+            for b in g.baselines:
+                row = [g.label, b.label, f"{b.n} of {b.problems}"]
+                row += [percent(share) for share in b.fast_p.values()]
+                rows.append(row + [times(b.geomean), times(b.median)])
+        return header, rows
+
     def notes(self) -> list[str]:
         """What the numbers of the table mean, with the ones that do not fit in it."""
         o = self.overall
@@ -247,7 +264,10 @@ class Summary:
             notes.append(
                 f"vs torch.compile: mean {times(o.mean_speedup_vs_compile)}, geomean "
                 f"{times(o.geomean_speedup_vs_compile)} over the {o.compile_n} correct problems "
-                "timed against torch.compile of the reference."
+                "timed against torch.compile of the reference. In the baseline table, "
+                "max(eager, compile) is the speedup over the faster of the two (a problem whose "
+                "torch.compile was not timed counts against eager alone); 'timed' counts the "
+                "correct problems with a time for that baseline."
             )
         if o.cost_known < o.problems:
             notes.append(
