@@ -123,7 +123,9 @@ def test_report_markdown_and_html(tmp_path):
 
 @pytest.mark.skipif(os.path.exists("/proc/driver/nvidia"), reason="the GPU path runs the demo")
 def test_demo_without_gpu_compiles_the_examples(tmp_path):
-    out = cli("demo", "--out", str(tmp_path / "demo"))
+    # no recorded agent runs in --runs: the demo falls back to the shipped examples
+    (tmp_path / "no-runs").mkdir()
+    out = cli("demo", "--out", str(tmp_path / "demo"), "--runs", str(tmp_path / "no-runs"))
     assert out.returncode == 0, out.stderr
     report = (tmp_path / "demo" / "demo.md").read_text()
     assert report.count("| L") == 7 and "failed" not in report
