@@ -1,7 +1,9 @@
 """The `cudaforge` command.
 
 Exit codes: 0 done; 1 the work failed (a candidate was wrong, a run ended in errors); 2 bad usage
-or input; 3 a needed resource is missing (GPU, CUDA library, API key); 130 interrupted.
+or input; 3 a needed resource is missing (GPU, CUDA library, API key; also a resumed GPU run on a
+machine without one); 4 waiting for replies (a `file:DIR?wait=0` model: the prompt files that need
+a reply are printed; write the replies, then run the same command again); 130 interrupted.
 Errors print one readable line; --debug shows the traceback.
 """
 
@@ -16,7 +18,8 @@ from pathlib import Path
 
 from .doctor import gpu_facts, has_gpu
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_WAITING = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
 CPU_MAX_BYTES = 32 << 20  # problems are shrunk to this on the CPU path (dev inputs reach GBs)
 
 
@@ -196,6 +199,8 @@ def cmd_forge(args) -> int:
     )
     summary = result.to_dict()
     (out_dir / f"{problem.name}.result.json").write_text(json.dumps(summary, indent=2, default=str))
+    if result.stop_reason in ("waiting", "needs_gpu"):
+        return _unfinished(result.stop_reason, result.waiting_for)
     if result.best_source:
         best = out_dir / f"{problem.name}.best.py"
         best.write_text(result.best_source)
@@ -204,6 +209,26 @@ def cmd_forge(args) -> int:
         return EXIT_OK
     print(f"no correct kernel in {result.rounds} rounds; stopped: {result.stop_reason}")
     return EXIT_FAILED
+
+
+def _unfinished(stop_reason: str, waiting_for: list[str]) -> int:
+    """The exit code of a run that stopped before its end, after saying how to go on."""
+    if stop_reason == "needs_gpu":
+        print(
+            "stopped: needs_gpu (the recorded evaluations ran on a GPU and this machine has none; "
+            "run the same command on a GPU machine to evaluate the new candidates)",
+            file=sys.stderr,
+        )
+        return EXIT_MISSING
+    print(
+        f"stopped: waiting for {len(waiting_for)} repl{'y' if len(waiting_for) == 1 else 'ies'}; "
+        "write each NAME.reply.md beside its NAME.prompt.md below, then run the same command "
+        "again (it continues from the transcript)",
+        file=sys.stderr,
+    )
+    for prompt_file in waiting_for:
+        print(prompt_file)
+    return EXIT_WAITING
 
 
 def cmd_bench(args) -> int:
@@ -262,6 +287,11 @@ def cmd_bench(args) -> int:
         f"results: {outcome.results} ({len(outcome.records)} run, {len(outcome.skipped)} "
         "already done)"
     )
+    waiting = [path for r in outcome.records for path in r.waiting_for]
+    if any(r.stop_reason == "waiting" for r in outcome.records):
+        return _unfinished("waiting", waiting)
+    if any(r.stop_reason == "needs_gpu" for r in outcome.records):
+        return _unfinished("needs_gpu", [])
     errors = sum(1 for r in outcome.records if r.status == "error")
     return EXIT_FAILED if errors else EXIT_OK
 
@@ -331,15 +361,20 @@ def _add_llm_options(p) -> None:
         "--llm",
         default=os.environ.get("CUDAFORGE_LLM", "openai:o3"),
         help="the Coder: openai:MODEL, anthropic:MODEL, openai:MODEL@URL, "
-        "replay:TRANSCRIPT (default $CUDAFORGE_LLM or openai:o3)",
+        "replay:TRANSCRIPT, file:DIR (prompts and replies as files; file:DIR?wait=0 does not "
+        "wait for a reply) (default $CUDAFORGE_LLM or openai:o3)",
     )
-    p.add_argument("--judge", help="the Judge's model (default: the Coder's)")
+    p.add_argument("--judge", help="the Judge's model, as --llm (default: the Coder's)")
     p.add_argument("--rounds", type=int, default=10, help="rounds per problem (default 10)")
     p.add_argument("--max-dollars", type=float, help="stop a problem past this cost")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cudaforge", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="cudaforge",
+        description=__doc__.splitlines()[0],
+        epilog=" ".join(__doc__.split("\n\n")[1].split("\n")[:-1]),
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 
