@@ -43,12 +43,15 @@ from .evidence import clip, failure_text, number_text
 from .file_provider import FileProvider, RepliesPending
 from .prompts import NO_CODE_ADVICE, NO_CODE_ERROR, Prompts, extract_code, says_stop
 from .providers import Messages, Provider, Reply, Usage, get_provider, redact
+from .resume import RecordedRun, source_sha256
 from .target import this_machine_target
 from .transcript import TRANSCRIPT_VERSION, Evaluate, Transcript, default_transcript_path
 
 Feedback = Callable[[EvalResult], str]
 
 DEFAULT_ROUNDS = 10
+# stop reasons of a run that is not over: running it again continues it (agents.resume)
+UNFINISHED = ("waiting", "needs_gpu")
 
 
 # ---------------------------------------------------------------- agents
@@ -155,7 +158,8 @@ class LoopResult:
     problem: str
     best: Attempt | None
     attempts: list[Attempt]
-    stop_reason: str  # "rounds", "dollars", "seconds", "judge_stop", "waiting", "llm_error: ..."
+    # "rounds", "dollars", "seconds", "judge_stop", "waiting", "needs_gpu", "llm_error: ..."
+    stop_reason: str
     rounds: int  # rounds started
     usage: dict[str, Usage]
     seconds: float
@@ -223,8 +227,11 @@ def call_tag(round_no: int, lane: int, task: str) -> str:
 class _Run:
     """The state of one loop; run_loop's docstring describes it."""
 
-    def __init__(self, problem_source, evaluate, coder, judge, config, transcript):
+    def __init__(self, problem_source, evaluate, coder, judge, config, transcript, recorded=None):
         self.problem_source = problem_source
+        self.recorded: RecordedRun | None = recorded  # what an earlier run of it did (resume)
+        self.replayed = {"llm": 0, "eval": 0}  # calls and evaluations answered from `recorded`
+        self.needs_gpu = False  # set when recorded evaluations ran on a GPU and none is here
         self.evaluate = evaluate
         self.coder = coder
         self.judge = judge
@@ -257,6 +264,12 @@ class _Run:
     def ask(self, agent: Agent, task: str, round_no: int, lane: int, **values: str) -> Reply:
         messages = agent.messages(task, **values)
         tag = call_tag(round_no, lane, task)
+        recorded = self.recorded.reply(agent.role, tag) if self.recorded is not None else None
+        if recorded is not None:  # resumed: asked and answered before
+            with self._lock:
+                self.usage[agent.role].add(recorded)
+                self.replayed["llm"] += 1
+            return recorded
         started = time.monotonic()
         try:
             reply = agent.provider.complete(messages, tag=tag)
@@ -345,26 +358,40 @@ class _Run:
         reply = self.ask(self.coder, task, round_no, lane.index, **values)
         source = extract_code(reply.text)
         started = time.monotonic()
+        recorded = self.recorded.evaluation(source) if self.recorded and source else None
         if source is None:
             result = EvalResult(
                 problem=self.config["name"], status="load_error", error=NO_CODE_ERROR
             )
+        elif recorded is not None:  # resumed: evaluated before
+            result = recorded
+            with self._lock:
+                self.replayed["eval"] += 1
+        elif self.needs_gpu:
+            lane.stopped = "needs_gpu"
+            return
         else:
             result = self.evaluate(self.problem_source, source)
         attempt = Attempt(round_no, lane.index, task, source, result, advice, reply.text)
-        self.transcript.write(
-            "eval",
-            round=round_no,
-            lane=lane.index,
-            task=task,
-            evaluated=source is not None,
-            source=source,
-            result=result.to_dict(),
-            seconds=round(time.monotonic() - started, 4),
-        )
-        self._advance(lane, attempt)
+        live = recorded is None and (
+            source is not None or self.recorded is None
+            or self.recorded.reply("coder", call_tag(round_no, lane.index, task)) is None
+        )  # fmt: skip
+        if live:
+            self.transcript.write(
+                "eval",
+                round=round_no,
+                lane=lane.index,
+                task=task,
+                evaluated=source is not None,
+                source=source,
+                source_sha256=source_sha256(source) if source is not None else None,
+                result=result.to_dict(),
+                seconds=round(time.monotonic() - started, 4),
+            )
+        self._advance(lane, attempt, live)
 
-    def _advance(self, lane: _Lane, attempt: Attempt) -> None:
+    def _advance(self, lane: _Lane, attempt: Attempt, live: bool = True) -> None:
         """Record an attempt, and choose what the lane continues from."""
         result = attempt.result
         what = attempt.task
@@ -398,7 +425,7 @@ class _Run:
             )
             if improved:
                 self.best = attempt
-        if improved:
+        if improved and live:
             self.transcript.write(
                 "best", round=attempt.round, lane=attempt.lane, candidate_ms=result.candidate_ms,
                 speedup=result.speedup,
@@ -435,6 +462,14 @@ def run_loop(
     sm_90a (agents.target). A `file:` provider writes its files under DIR/<name>/. transcript: the JSONL path
     (default: default_transcript_path(name)). prompts_dir: folder of prompt overrides.
 
+    Resume: when `transcript` holds an earlier run of this problem, the run continues it
+    (agents.resume): recorded replies answer the calls with the same role and tag, recorded
+    evaluations the candidates with the same sha256, the transcript is appended to (a `resume`
+    record, then what is new), and the recorded gpu text and target keep the prompts as they
+    were. If those evaluations ran on a GPU and this machine has none, the run stops with
+    stop_reason 'needs_gpu' at its first new candidate. A transcript of another problem raises
+    ValueError.
+
     Raises NeedsKeyError before any call when a key is missing; an LLMError during the run ends
     it with stop_reason 'llm_error: ...' and keeps what was found; a `file:DIR?wait=0` reply not
     written yet ends it with stop_reason 'waiting' and the prompt files in .waiting_for; errors of
@@ -451,7 +486,19 @@ def run_loop(
     else:
         judge_provider = get_provider(coder if judge is None else judge, role="judge")
     coder_provider, judge_provider = _providers_for_run(coder_provider, judge_provider, name)
+    path = Path(transcript) if transcript is not None else default_transcript_path(name)
+    recorded = RecordedRun.read(path)
+    if recorded is not None and recorded.start.get("problem_sha256") not in (None, digest):
+        raise ValueError(
+            f"transcript {path} records a run of another problem "
+            f"({recorded.start.get('problem')}); resume it with its own problem, or give this "
+            "run another transcript (or --out) to start afresh"
+        )
     target = this_machine_target()
+    target_text = target.text
+    if recorded is not None:  # the run goes on with what its prompts said (resume.py)
+        gpu = recorded.start.get("gpu", gpu)
+        target_text = recorded.start.get("target_text", target_text)
     config = {
         "name": name,
         "gpu": gpu.strip() or "(not given: assume a recent NVIDIA data-center GPU)",
@@ -459,29 +506,44 @@ def run_loop(
         "max_dollars": max_dollars,
         "max_seconds": max_seconds,
     }
-    path = Path(transcript) if transcript is not None else default_transcript_path(name)
     log = Transcript(path)
     run = _Run(
-        problem_source, evaluate, Coder(coder_provider, prompts, target.text),
-        Judge(judge_provider, prompts), config, log,
+        problem_source, evaluate, Coder(coder_provider, prompts, target_text),
+        Judge(judge_provider, prompts), config, log, recorded,
     )  # fmt: skip
-    log.write(
-        "start",
-        version=TRANSCRIPT_VERSION,
-        time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        problem=name,
-        problem_sha256=digest,
-        problem_source=problem_source,
-        coder=coder_provider.model_id,
-        judge=judge_provider.model_id,
-        rounds=rounds,
-        candidates=candidates,
-        max_dollars=max_dollars,
-        max_seconds=max_seconds,
-        gpu=config["gpu"],
-        target=target.arch,
-        target_text=target.text,
-    )
+    if recorded is not None:
+        run.needs_gpu = recorded.on_gpu and not target.on_gpu
+        log.write(
+            "resume",
+            time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            recorded_llm_calls=len(recorded.replies),
+            recorded_evaluations=len(recorded.evaluations),
+            recorded_on_gpu=recorded.on_gpu,
+            gpu_here=target.on_gpu,
+            coder=coder_provider.model_id,
+            judge=judge_provider.model_id,
+            rounds=rounds,
+            max_dollars=max_dollars,
+            max_seconds=max_seconds,
+        )
+    else:
+        log.write(
+            "start",
+            version=TRANSCRIPT_VERSION,
+            time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            problem=name,
+            problem_sha256=digest,
+            problem_source=problem_source,
+            coder=coder_provider.model_id,
+            judge=judge_provider.model_id,
+            rounds=rounds,
+            candidates=candidates,
+            max_dollars=max_dollars,
+            max_seconds=max_seconds,
+            gpu=config["gpu"],
+            target=target.arch,
+            target_text=target_text,
+        )
     lanes = [_Lane(i) for i in range(candidates)]
     round_no = 0
     stop_reason = "error"  # what the transcript says if `evaluate` raises
@@ -500,6 +562,9 @@ def run_loop(
             else:
                 for future in [pool.submit(run.step, lane, round_no) for lane in active]:
                     future.result()
+    except KeyboardInterrupt:
+        stop_reason = "interrupted"  # running it again continues it
+        raise
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
@@ -516,6 +581,8 @@ def run_loop(
             best_result=best.result.to_dict() if best else None,
             usage={k: u.to_dict() for k, u in usage.items()},
             seconds=round(seconds, 4),
+            waiting_for=run.waiting_for,
+            replayed=run.replayed,
         )
         log.close()
     return LoopResult(
@@ -544,14 +611,14 @@ def _providers_for_run(coder: Provider, judge: Provider, name: str) -> tuple[Pro
 
 def _stop_reason(lanes: list[_Lane], round_no: int, rounds: int, run: _Run) -> str:
     """Why the loop stops before the next round, or "". A lane that waits for a reply makes it
-    "waiting" (the run resumes once the reply is written)."""
+    "waiting" (the run resumes once the reply is written), one that needs a GPU "needs_gpu"."""
     stopped = [lane.stopped for lane in lanes if lane.stopped]
-    waiting = "waiting" in stopped
+    unfinished = next((u for u in UNFINISHED if u in stopped), "")
     if len(stopped) == len(lanes):
         errors = [s for s in stopped if s.startswith("llm_error")]
-        return "waiting" if waiting else errors[0] if errors else "judge_stop"
+        return unfinished or (errors[0] if errors else "judge_stop")
     reason = "rounds" if round_no >= rounds else run.over_budget()
-    return "waiting" if reason and waiting else reason
+    return unfinished if reason and unfinished else reason
 
 
 __all__ = ["DEFAULT_ROUNDS", "Attempt", "Coder", "Judge", "LoopResult", "run_loop"]

@@ -611,6 +611,7 @@ def loop_forge(
     judge, rounds, max_dollars, max_seconds, candidates, gpu, ...). Transcripts are written to
     transcripts_dir/<key>.jsonl (default: run_loop's own place)."""
     from ..agents.loop import run_loop
+    from ..agents.resume import recorded_problem
 
     def forge_one(problem: BenchProblem) -> Any:
         transcript = None
@@ -618,9 +619,9 @@ def loop_forge(
             transcript = Path(transcripts_dir) / _safe_relpath(problem.key)
             transcript = transcript.with_name(transcript.name + ".jsonl")
             transcript.parent.mkdir(parents=True, exist_ok=True)
-        return run_loop(
-            problem.source, evaluate, name=problem.name, transcript=transcript, **loop_options
-        )
+        # a problem run before goes on with the problem it began with (agents.resume)
+        source = (recorded_problem(transcript) if transcript else None) or problem.source
+        return run_loop(source, evaluate, name=problem.name, transcript=transcript, **loop_options)
 
     return forge_one
 

@@ -151,7 +151,9 @@ def cmd_profile(args) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
-def _source_evaluator(args, *, name: str | None = None, profile: bool = False, pool=None):
+def _source_evaluator(
+    args, *, name: str | None = None, profile: bool = False, pool=None, device: str | None = None
+):
     """The agents' evaluate(problem_source, candidate_source) with the command's run options."""
     from ..harness.evaluate import evaluate
     from ..harness.problem import Problem
@@ -166,6 +168,7 @@ def _source_evaluator(args, *, name: str | None = None, profile: bool = False, p
             timeout=args.timeout,
             profile=profile,
             pool=pool,
+            device=device,
         )
 
     return run
@@ -173,19 +176,27 @@ def _source_evaluator(args, *, name: str | None = None, profile: bool = False, p
 
 def cmd_forge(args) -> int:
     from ..agents.loop import run_loop
+    from ..agents.resume import RecordedRun
 
     problem = load_problem(args.problem, args.sizes, args.shrink)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     transcript = out_dir / f"{problem.name}.transcript.jsonl"
+    source, device = problem.source, None
+    recorded = RecordedRun.read(transcript)
+    if recorded is not None:  # the same forge again: it continues the recorded run
+        source = recorded.problem_source or source
+        if recorded.evaluations and not recorded.on_gpu:
+            device = "cpu"  # a CPU run stays a CPU run
     print(
-        f"forging {problem.name} with coder {args.llm}, judge {args.judge or args.llm}; "
-        f"transcript {transcript}",
+        f"{'resuming' if recorded else 'forging'} {problem.name} with coder {args.llm}, judge "
+        f"{args.judge or args.llm}; transcript {transcript}",
         file=sys.stderr,
     )
-    evaluate = _source_evaluator(args, name=problem.name, profile=has_gpu() and not args.no_profile)
+    profile = has_gpu() and not args.no_profile and device is None
+    evaluate = _source_evaluator(args, name=problem.name, profile=profile, device=device)
     result = run_loop(
-        problem.source,
+        source,
         evaluate,
         coder=args.llm,
         judge=args.judge,
@@ -392,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=int, default=4000, help="characters of feedback text")
     p.set_defaults(run=cmd_profile)
 
-    p = sub.add_parser("forge", help="the Coder/Judge loop on one problem")
+    p = sub.add_parser(
+        "forge",
+        help="the Coder/Judge loop on one problem; run it again with the same --out to resume",
+    )
     p.add_argument("problem", help="a problem .py file, or a dev-set id like L1/19")
     _add_run_options(p)
     _add_llm_options(p)
