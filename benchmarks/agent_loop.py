@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
         command = ["bench", str(write_problems(problems, out / "problems")),
                    "--results", str(results), "--llm", args.llm, "--rounds", str(args.rounds),
-                   "--jobs", str(args.jobs)]  # fmt: skip
+                   "--jobs", str(args.jobs), "--full-size"]  # fmt: skip
         command += ["--judge", args.judge] if args.judge else []
         command += ["--no-profile"] if args.judge_metrics == "off" else []
         code = cudaforge(command)

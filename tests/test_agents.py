@@ -13,7 +13,7 @@ import pytest
 import torch
 from llm_server import LLMServer
 
-from cudaforge.agents.evidence import clip, failure_text, metrics_text
+from cudaforge.agents.evidence import clip, failure_text
 from cudaforge.agents.loop import run_loop
 from cudaforge.agents.prompts import NO_CODE_ADVICE, Prompts, code_blocks, extract_code, says_stop
 from cudaforge.agents.providers import ScriptedProvider
@@ -534,20 +534,6 @@ def test_failure_text_and_clip():
     assert clip("short") == "short"
     rejected = EvalResult("p", "rejected", guards=["own_kernels", "aliasing"])
     assert "refused by guards: own_kernels, aliasing" in failure_text(rejected)
-
-
-def test_metrics_text():
-    result = EvalResult(
-        "p", "ok", candidate_ms=0.25, reference_ms=1.0, speedup=4.0, own_kernel_share=0.9,
-        kernels=[KernelTime("small", 1, 5.0, 5.0, True), KernelTime("big", 2, 200.0, 100.0, False)],
-        profile={"big": {"dram__throughput.avg.pct_of_peak_sustained_elapsed": 91.5}},
-    )  # fmt: skip
-    text = metrics_text(result)
-    assert "candidate: 0.25 ms" in text and "speedup over the reference: 4x" in text
-    assert text.index("big [library]") < text.index("small [own]")
-    assert "dram__throughput.avg.pct_of_peak_sustained_elapsed: 91.5" in text
-    assert "90%" in text
-    assert "not profiled" in metrics_text(EvalResult("p", "ok", candidate_ms=1.0))
 
 
 def test_custom_feedback_reaches_the_judge(tmp_path):

@@ -1,11 +1,10 @@
-"""The evidence the Judge reads about a candidate: what went wrong with it (failure_text: the
-mismatch report, the guards, the compile log verbatim) or how it ran (metrics_text: timing, the
-kernels by GPU time, the hardware metrics)."""
+"""The evidence the Judge reads about a failed candidate (failure_text: the mismatch report, the
+guards, the compile log verbatim), and the text helpers the loop shares. How a correct candidate
+ran is cudaforge.profiling.measurements' measurements_text."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from ..harness.results import EvalResult
 
@@ -63,58 +62,4 @@ def failure_text(result: EvalResult) -> str:
     return "\n".join(lines)
 
 
-def _profile_lines(profile: Any, indent: str = "  ") -> list[str]:
-    if isinstance(profile, dict):
-        out = []
-        for key, value in profile.items():
-            if isinstance(value, (dict, list)):
-                out.append(f"{indent}{key}:")
-                out += _profile_lines(value, indent + "  ")
-            else:
-                out.append(f"{indent}{key}: {value}")
-        return out
-    if isinstance(profile, list):
-        return [line for item in profile for line in _profile_lines(item, indent)]
-    return [f"{indent}{profile}"]
-
-
-def metrics_text(result: EvalResult, max_kernels: int = 12) -> str:
-    """The default measurements text for the Judge: timing, the kernels that ran (by GPU time),
-    the guards, and the hardware metrics when the result has a profile."""
-    lines = [
-        f"candidate: {number_text(result.candidate_ms, ' ms')} per forward"
-        + (f" (spread {result.candidate_spread:.1%})" if result.candidate_spread else ""),
-        f"reference (PyTorch): {number_text(result.reference_ms, ' ms')}",
-        f"speedup over the reference: {number_text(result.speedup, 'x', 3)}",
-    ]
-    if result.compiled_reference_ms is not None:
-        lines.append(
-            f"torch.compile of the reference: {number_text(result.compiled_reference_ms, ' ms')}"
-            f" (speedup over it {number_text(result.speedup_vs_compile, 'x', 3)})"
-        )
-    if result.own_kernel_share is not None:
-        lines.append(
-            f"share of GPU time in the candidate's own kernels: {result.own_kernel_share:.0%}"
-        )
-    if result.kernels:
-        lines.append("kernels (GPU time during the timed forwards):")
-        ranked = sorted(result.kernels, key=lambda k: k.total_us, reverse=True)
-        for k in ranked[:max_kernels]:
-            who = "own" if k.own else "library"
-            lines.append(
-                f"  {k.name} [{who}]: {k.calls} launch{'es' if k.calls != 1 else ''}, "
-                f"{k.mean_us:.4g} us each, {k.total_us:.4g} us total"
-            )
-        if len(ranked) > max_kernels:
-            lines.append(f"  ... {len(ranked) - max_kernels} more")
-    if result.guards:
-        lines.append("guards that fired: " + ", ".join(result.guards))
-    if result.profile:
-        lines.append("hardware metrics:")
-        lines += _profile_lines(result.profile)
-    else:
-        lines.append("hardware metrics: none (not profiled)")
-    return "\n".join(lines)
-
-
-__all__ = ["MAX_EVIDENCE_CHARS", "clip", "failure_text", "metrics_text", "number_text"]
+__all__ = ["MAX_EVIDENCE_CHARS", "clip", "failure_text", "number_text"]

@@ -26,7 +26,7 @@ path it waited for. With `wait=0` it does not wait: a missing reply raises Repli
 `.prompt_files` are the prompts still without a reply, so that a run can stop and resume later.
 
 Replies carry the text verbatim. Their token counts are estimates, characters / 4, and say so in
-`finish_reason` (ESTIMATED); the cost is None (no price).
+`finish_reason` (ESTIMATED) and `tokens_estimated`; the cost is None (no price).
 """
 
 from __future__ import annotations
@@ -173,6 +173,7 @@ class FileProvider(Provider):
             cost_usd=None,
             seconds=time.monotonic() - started,
             finish_reason=ESTIMATED,
+            tokens_estimated=True,
         )
         return self._count(reply)
 

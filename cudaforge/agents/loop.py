@@ -17,8 +17,8 @@ the Judge says stop, or when a model cannot be reached. With candidates=k, k ind
 run side by side each round (threads; `evaluate` must then be thread-safe).
 
 Every run writes a JSONL transcript (agents.transcript) that `replay:PATH` re-runs without any
-API. The prompts and the reading of replies are in agents.prompts; the evidence texts the Judge
-reads are in agents.evidence.
+API. The prompts and the reading of replies are in agents.prompts; what the Judge reads about a
+failure is in agents.evidence, about a correct candidate in profiling.measurements.
 """
 
 from __future__ import annotations
@@ -38,14 +38,20 @@ from typing import Any, ClassVar
 
 from ..errors import LLMError
 from ..harness.results import EvalResult
-from .evidence import clip, failure_text, metrics_text, number_text
+from ..profiling.measurements import measurements_text
+from .evidence import clip, failure_text, number_text
+from .file_provider import FileProvider, RepliesPending
 from .prompts import NO_CODE_ADVICE, NO_CODE_ERROR, Prompts, extract_code, says_stop
 from .providers import Messages, Provider, Reply, Usage, get_provider, redact
+from .resume import RecordedRun, source_sha256
+from .target import this_machine_target
 from .transcript import TRANSCRIPT_VERSION, Evaluate, Transcript, default_transcript_path
 
 Feedback = Callable[[EvalResult], str]
 
 DEFAULT_ROUNDS = 10
+# stop reasons of a run that is not over: running it again continues it (agents.resume)
+UNFINISHED = ("waiting", "needs_gpu")
 
 
 # ---------------------------------------------------------------- agents
@@ -71,7 +77,8 @@ class Agent:
 
 class Coder(Agent):
     """Writes `ModelNew`: a first attempt, a repair, or one optimization. Its prompts get the
-    candidate contract (prompts/contract.txt) as {contract}."""
+    candidate contract (prompts/contract.txt) as {contract}, with {target} in it filled by
+    `target`: what cudaforge.compile builds for (agents.target.target_text)."""
 
     role = "coder"
     templates: ClassVar[dict[str, str]] = {
@@ -81,8 +88,13 @@ class Coder(Agent):
         "optimize": "coder_optimize",
     }
 
+    def __init__(self, provider: Provider, prompts: Prompts | None = None, target: str = ""):
+        super().__init__(provider, prompts)
+        self.target = target or this_machine_target().text
+
     def messages(self, task: str, **values: str) -> Messages:
-        return super().messages(task, contract=self.prompts.text("contract").strip(), **values)
+        contract = self.prompts.render("contract", target=self.target).strip()
+        return super().messages(task, contract=contract, **values)
 
 
 class Judge(Agent):
@@ -146,11 +158,18 @@ class LoopResult:
     problem: str
     best: Attempt | None
     attempts: list[Attempt]
-    stop_reason: str  # "rounds", "dollars", "seconds", "judge_stop", "llm_error: ..."
+    # "rounds", "dollars", "seconds", "judge_stop", "waiting", "needs_gpu", "llm_error: ..."
+    stop_reason: str
     rounds: int  # rounds started
     usage: dict[str, Usage]
     seconds: float
     transcript: str
+    waiting_for: list[str] = field(default_factory=list)  # prompt files that need a reply
+
+    @property
+    def tokens_estimated(self) -> bool:
+        """Whether some token counts are estimates (file: replies), not reported by an API."""
+        return self.usage["total"].estimated_calls > 0 if "total" in self.usage else False
 
     @property
     def best_source(self) -> str | None:
@@ -176,6 +195,8 @@ class LoopResult:
                 "usage": {k: u.to_dict() for k, u in self.usage.items()},
                 "seconds": self.seconds,
                 "transcript": self.transcript,
+                "waiting_for": self.waiting_for,
+                "tokens_estimated": self.tokens_estimated,
             }
         )
 
@@ -195,11 +216,22 @@ def _first_line_after(text: str, label: str) -> str:
     return line if len(line) <= 160 else line[:157] + "..."
 
 
+def call_tag(round_no: int, lane: int, task: str) -> str:
+    """The tag of one LLM call, distinct per role and stable from run to run: `r3/l0` for a
+    first attempt or an optimization, `r3/l0/repair` and `r3/l0/format` for a repair and a
+    re-ask for the code (file: names its files after it; resume finds recorded replies by it)."""
+    tag = f"r{round_no}/l{lane}"
+    return f"{tag}/{task}" if task in ("repair", "format") else tag
+
+
 class _Run:
     """The state of one loop; run_loop's docstring describes it."""
 
-    def __init__(self, problem_source, evaluate, coder, judge, config, transcript):
+    def __init__(self, problem_source, evaluate, coder, judge, config, transcript, recorded=None):
         self.problem_source = problem_source
+        self.recorded: RecordedRun | None = recorded  # what an earlier run of it did (resume)
+        self.replayed = {"llm": 0, "eval": 0}  # calls and evaluations answered from `recorded`
+        self.needs_gpu = False  # set when recorded evaluations ran on a GPU and none is here
         self.evaluate = evaluate
         self.coder = coder
         self.judge = judge
@@ -209,6 +241,7 @@ class _Run:
         self.usage = {"coder": Usage(), "judge": Usage()}
         self.attempts: list[Attempt] = []
         self.best: Attempt | None = None
+        self.waiting_for: list[str] = []  # prompt files that need a reply (file: with wait=0)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ budgets
@@ -230,7 +263,13 @@ class _Run:
 
     def ask(self, agent: Agent, task: str, round_no: int, lane: int, **values: str) -> Reply:
         messages = agent.messages(task, **values)
-        tag = f"r{round_no}/l{lane}"
+        tag = call_tag(round_no, lane, task)
+        recorded = self.recorded.reply(agent.role, tag) if self.recorded is not None else None
+        if recorded is not None:  # resumed: asked and answered before
+            with self._lock:
+                self.usage[agent.role].add(recorded)
+                self.replayed["llm"] += 1
+            return recorded
         started = time.monotonic()
         try:
             reply = agent.provider.complete(messages, tag=tag)
@@ -256,6 +295,7 @@ class _Run:
             input_tokens=reply.input_tokens,
             output_tokens=reply.output_tokens,
             cost_usd=reply.cost_usd,
+            tokens_estimated=reply.tokens_estimated,
             finish_reason=reply.finish_reason,
             attempts=reply.attempts,
             seconds=round(time.monotonic() - started, 4),
@@ -267,6 +307,10 @@ class _Run:
     def step(self, lane: _Lane, round_no: int) -> None:
         try:
             self._step(lane, round_no)
+        except RepliesPending as exc:
+            lane.stopped = "waiting"
+            with self._lock:
+                self.waiting_for += [str(p) for p in exc.prompt_files]
         except LLMError as exc:
             lane.stopped = f"llm_error: {exc}"
 
@@ -314,26 +358,40 @@ class _Run:
         reply = self.ask(self.coder, task, round_no, lane.index, **values)
         source = extract_code(reply.text)
         started = time.monotonic()
+        recorded = self.recorded.evaluation(source) if self.recorded and source else None
         if source is None:
             result = EvalResult(
                 problem=self.config["name"], status="load_error", error=NO_CODE_ERROR
             )
+        elif recorded is not None:  # resumed: evaluated before
+            result = recorded
+            with self._lock:
+                self.replayed["eval"] += 1
+        elif self.needs_gpu:
+            lane.stopped = "needs_gpu"
+            return
         else:
             result = self.evaluate(self.problem_source, source)
         attempt = Attempt(round_no, lane.index, task, source, result, advice, reply.text)
-        self.transcript.write(
-            "eval",
-            round=round_no,
-            lane=lane.index,
-            task=task,
-            evaluated=source is not None,
-            source=source,
-            result=result.to_dict(),
-            seconds=round(time.monotonic() - started, 4),
-        )
-        self._advance(lane, attempt)
+        live = recorded is None and (
+            source is not None or self.recorded is None
+            or self.recorded.reply("coder", call_tag(round_no, lane.index, task)) is None
+        )  # fmt: skip
+        if live:
+            self.transcript.write(
+                "eval",
+                round=round_no,
+                lane=lane.index,
+                task=task,
+                evaluated=source is not None,
+                source=source,
+                source_sha256=source_sha256(source) if source is not None else None,
+                result=result.to_dict(),
+                seconds=round(time.monotonic() - started, 4),
+            )
+        self._advance(lane, attempt, live)
 
-    def _advance(self, lane: _Lane, attempt: Attempt) -> None:
+    def _advance(self, lane: _Lane, attempt: Attempt, live: bool = True) -> None:
         """Record an attempt, and choose what the lane continues from."""
         result = attempt.result
         what = attempt.task
@@ -367,7 +425,7 @@ class _Run:
             )
             if improved:
                 self.best = attempt
-        if improved:
+        if improved and live:
             self.transcript.write(
                 "best", round=attempt.round, lane=attempt.lane, candidate_ms=result.candidate_ms,
                 speedup=result.speedup,
@@ -399,11 +457,23 @@ def run_loop(
     candidate per lane). max_dollars (USD, priced calls only), max_seconds (wall time): stop
     before the next call once spent. candidates: lanes per round, run in parallel threads.
     gpu: the target GPU's facts, as text for the prompts. feedback(result) -> str: the
-    measurements text the Judge reads (default: metrics_text). transcript: the JSONL path
+    measurements text the Judge reads (default: profiling.measurements.measurements_text, about
+    3 KB). The Coder's contract names the target of this machine's GPU, else $CUDAFORGE_ARCH or
+    sm_90a (agents.target). A `file:` provider writes its files under DIR/<name>/. transcript: the JSONL path
     (default: default_transcript_path(name)). prompts_dir: folder of prompt overrides.
 
+    Resume: when `transcript` holds an earlier run of this problem, the run continues it
+    (agents.resume): recorded replies answer the calls with the same role and tag, recorded
+    evaluations the candidates with the same sha256, the transcript is appended to (a `resume`
+    record, then what is new), and the recorded gpu text and target keep the prompts as they
+    were. If those evaluations ran on a GPU and this machine has none, the run stops with
+    stop_reason 'needs_gpu' at its first new candidate. A transcript of another problem raises
+    ValueError.
+
     Raises NeedsKeyError before any call when a key is missing; an LLMError during the run ends
-    it with stop_reason 'llm_error: ...' and keeps what was found; errors of `evaluate` propagate.
+    it with stop_reason 'llm_error: ...' and keeps what was found; a `file:DIR?wait=0` reply not
+    written yet ends it with stop_reason 'waiting' and the prompt files in .waiting_for; errors of
+    `evaluate` propagate.
     """
     if rounds < 1 or candidates < 1:
         raise ValueError(f"rounds ({rounds}) and candidates ({candidates}) must be at least 1")
@@ -415,34 +485,65 @@ def run_loop(
         judge_provider = coder_provider
     else:
         judge_provider = get_provider(coder if judge is None else judge, role="judge")
+    coder_provider, judge_provider = _providers_for_run(coder_provider, judge_provider, name)
+    path = Path(transcript) if transcript is not None else default_transcript_path(name)
+    recorded = RecordedRun.read(path)
+    if recorded is not None and recorded.start.get("problem_sha256") not in (None, digest):
+        raise ValueError(
+            f"transcript {path} records a run of another problem "
+            f"({recorded.start.get('problem')}); resume it with its own problem, or give this "
+            "run another transcript (or --out) to start afresh"
+        )
+    target = this_machine_target()
+    target_text = target.text
+    if recorded is not None:  # the run goes on with what its prompts said (resume.py)
+        gpu = recorded.start.get("gpu", gpu)
+        target_text = recorded.start.get("target_text", target_text)
     config = {
         "name": name,
         "gpu": gpu.strip() or "(not given: assume a recent NVIDIA data-center GPU)",
-        "feedback": feedback or metrics_text,
+        "feedback": feedback or measurements_text,
         "max_dollars": max_dollars,
         "max_seconds": max_seconds,
     }
-    path = Path(transcript) if transcript is not None else default_transcript_path(name)
     log = Transcript(path)
     run = _Run(
-        problem_source, evaluate, Coder(coder_provider, prompts), Judge(judge_provider, prompts),
-        config, log,
+        problem_source, evaluate, Coder(coder_provider, prompts, target_text),
+        Judge(judge_provider, prompts), config, log, recorded,
     )  # fmt: skip
-    log.write(
-        "start",
-        version=TRANSCRIPT_VERSION,
-        time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        problem=name,
-        problem_sha256=digest,
-        problem_source=problem_source,
-        coder=coder_provider.model_id,
-        judge=judge_provider.model_id,
-        rounds=rounds,
-        candidates=candidates,
-        max_dollars=max_dollars,
-        max_seconds=max_seconds,
-        gpu=config["gpu"],
-    )
+    if recorded is not None:
+        run.needs_gpu = recorded.on_gpu and not target.on_gpu
+        log.write(
+            "resume",
+            time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            recorded_llm_calls=len(recorded.replies),
+            recorded_evaluations=len(recorded.evaluations),
+            recorded_on_gpu=recorded.on_gpu,
+            gpu_here=target.on_gpu,
+            coder=coder_provider.model_id,
+            judge=judge_provider.model_id,
+            rounds=rounds,
+            max_dollars=max_dollars,
+            max_seconds=max_seconds,
+        )
+    else:
+        log.write(
+            "start",
+            version=TRANSCRIPT_VERSION,
+            time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            problem=name,
+            problem_sha256=digest,
+            problem_source=problem_source,
+            coder=coder_provider.model_id,
+            judge=judge_provider.model_id,
+            rounds=rounds,
+            candidates=candidates,
+            max_dollars=max_dollars,
+            max_seconds=max_seconds,
+            gpu=config["gpu"],
+            target=target.arch,
+            target_text=target_text,
+        )
     lanes = [_Lane(i) for i in range(candidates)]
     round_no = 0
     stop_reason = "error"  # what the transcript says if `evaluate` raises
@@ -461,6 +562,9 @@ def run_loop(
             else:
                 for future in [pool.submit(run.step, lane, round_no) for lane in active]:
                     future.result()
+    except KeyboardInterrupt:
+        stop_reason = "interrupted"  # running it again continues it
+        raise
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
@@ -477,6 +581,8 @@ def run_loop(
             best_result=best.result.to_dict() if best else None,
             usage={k: u.to_dict() for k, u in usage.items()},
             seconds=round(seconds, 4),
+            waiting_for=run.waiting_for,
+            replayed=run.replayed,
         )
         log.close()
     return LoopResult(
@@ -488,17 +594,31 @@ def run_loop(
         usage=usage,
         seconds=seconds,
         transcript=str(path),
+        waiting_for=list(run.waiting_for),
     )
 
 
+def _providers_for_run(coder: Provider, judge: Provider, name: str) -> tuple[Provider, Provider]:
+    """file: providers narrowed to this run's folder (`name`), one role each: a Judge that
+    shares the Coder's provider gets its own, for the judge's files."""
+    shared = judge is coder
+    if isinstance(coder, FileProvider):
+        coder = coder.for_run(name, role="coder" if coder.role == "llm" else None)
+    if isinstance(judge, FileProvider):
+        judge = judge.for_run(name, role="judge" if shared or judge.role == "llm" else None)
+    return coder, judge
+
+
 def _stop_reason(lanes: list[_Lane], round_no: int, rounds: int, run: _Run) -> str:
+    """Why the loop stops before the next round, or "". A lane that waits for a reply makes it
+    "waiting" (the run resumes once the reply is written), one that needs a GPU "needs_gpu"."""
     stopped = [lane.stopped for lane in lanes if lane.stopped]
+    unfinished = next((u for u in UNFINISHED if u in stopped), "")
     if len(stopped) == len(lanes):
         errors = [s for s in stopped if s.startswith("llm_error")]
-        return errors[0] if errors else "judge_stop"
-    if round_no >= rounds:
-        return "rounds"
-    return run.over_budget()
+        return unfinished or (errors[0] if errors else "judge_stop")
+    reason = "rounds" if round_no >= rounds else run.over_budget()
+    return unfinished if reason and unfinished else reason
 
 
 __all__ = ["DEFAULT_ROUNDS", "Attempt", "Coder", "Judge", "LoopResult", "run_loop"]

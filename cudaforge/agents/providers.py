@@ -96,18 +96,21 @@ def cost_of(model, input_tokens, output_tokens, prices=None) -> float | None:
 @dataclass
 class Usage:
     """Tokens and dollars summed over calls. cost_usd counts only priced calls; unpriced_calls
-    says how many were not (a local server, a model missing from the price table)."""
+    says how many were not (a local server, a model missing from the price table);
+    estimated_calls, how many calls' token counts are estimates (file: replies)."""
 
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
     unpriced_calls: int = 0
+    estimated_calls: int = 0
 
     def add(self, reply: Reply) -> None:
         self.calls += 1
         self.input_tokens += reply.input_tokens
         self.output_tokens += reply.output_tokens
+        self.estimated_calls += reply.tokens_estimated
         if reply.cost_usd is None:
             self.unpriced_calls += 1
         else:
@@ -132,6 +135,7 @@ class Reply:
     seconds: float = 0.0
     finish_reason: str = ""
     attempts: int = 1  # HTTP requests made (1 + retries)
+    tokens_estimated: bool = False  # token counts estimated from characters, not reported
 
 
 # ---------------------------------------------------------------- the provider contract
@@ -562,6 +566,7 @@ class ReplayProvider(Provider):
             output_tokens=int(record.get("output_tokens") or 0),
             cost_usd=record.get("cost_usd"),
             finish_reason=record.get("finish_reason", ""),
+            tokens_estimated=bool(record.get("tokens_estimated")),
         )
         return self._count(reply)
 

@@ -3,12 +3,23 @@
 `target_text("sm_90a", "NVIDIA H200")` -> "sm_90a (NVIDIA H200, compute capability 9.0: wgmma,
 TMA and thread-block clusters are available; ...)". It fills the contract's `{target}` (the
 prompts/contract.txt placeholder), so that a Coder asked for wgmma knows NVRTC builds for a target
-that has it and does not fall back to load_inline. Pure text: no GPU, no CUDA library.
+that has it and does not fall back to load_inline. target_text is pure text (no GPU, no CUDA
+library); this_machine_target asks the C core which GPU this machine has.
+
+Without a GPU the target is $CUDAFORGE_ARCH, else sm_90a: the H200's, the GPU this project
+benchmarks on, so that prompts rendered on a machine without a GPU are the ones its candidates
+will be built for there.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from dataclasses import dataclass
+
+from .. import _core
+from ..cuda.kernel import current_arch
+from ..errors import NoGPUError
 
 _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
 
@@ -75,4 +86,31 @@ def _older_features(cc: tuple[int, int]) -> list[str]:
     return out
 
 
-__all__ = ["SHARED_KB_PER_BLOCK", "target_text"]
+DEFAULT_ARCH = "sm_90a"  # the H200's target (module docstring)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What cudaforge.compile builds for here. on_gpu: found on this machine's GPU, not assumed."""
+
+    arch: str
+    gpu_name: str | None = None
+    on_gpu: bool = False
+
+    @property
+    def text(self) -> str:
+        return target_text(self.arch, self.gpu_name)
+
+
+def this_machine_target() -> Target:
+    """The target of this machine's current GPU (cudaforge.cuda.kernel.current_arch), else
+    $CUDAFORGE_ARCH or sm_90a (module docstring)."""
+    try:
+        arch = current_arch()
+        name = _core.device_info(0)["name"]
+    except (NoGPUError, _core.CudaError):
+        return Target(os.environ.get("CUDAFORGE_ARCH") or DEFAULT_ARCH)
+    return Target(arch, name, on_gpu=True)
+
+
+__all__ = ["DEFAULT_ARCH", "SHARED_KB_PER_BLOCK", "Target", "target_text", "this_machine_target"]

@@ -1,5 +1,6 @@
 """The record of a forge run: a JSONL transcript (prompts, replies, evaluation results, timings,
-usage; API keys redacted) written as the loop goes, read back for reports, and replayed: its
+usage; API keys redacted) written as the loop goes, appended to when the run resumes
+(agents.resume), read back for reports, and replayed: its
 evaluation records answer for `evaluate` (recorded_evaluator) and its replies for the models
 (`replay:PATH`, agents.providers.ReplayProvider)."""
 
@@ -31,12 +32,18 @@ def default_transcript_path(name: str) -> Path:
 
 
 class Transcript:
-    """A JSONL file, one record a line, flushed as written; every line goes through `redact`."""
+    """A JSONL file, one record a line, flushed as written; every line goes through `redact`.
+
+    An existing file is appended to (a resumed run goes on in it, agents.resume); a line torn by
+    a kill is closed first, so that the next record starts on a line of its own."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        torn = self.path.is_file() and _ends_mid_line(self.path)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        if torn:
+            self._file.write("\n")
         self._lock = threading.Lock()
         self._started = time.monotonic()
 
@@ -49,6 +56,15 @@ class Transcript:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _ends_mid_line(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
 
 
 def read_transcript(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -4,8 +4,10 @@ The problems come from a directory of problem files (KernelBench's `level1/19_Re
 flat) or from the dev set (`dev_problems.jsonl`, filtered by level and ids). Each goes through an
 injected `forge_one(problem)` (the Coder/Judge loop; tests pass a fake), and its record is appended
 to the results file as soon as it finishes, so a crash or Ctrl-C loses at most the problems that
-were running. A second run with the same results file skips the problems already in it; a torn
-last line (the process died mid-write) is dropped and its problem runs again. An exception of one
+were running. A second run with the same results file skips the problems already in it, except
+those whose loop stopped unfinished ("waiting" for file: replies, "needs_gpu"): they continue from
+their transcripts. A torn last line (the process died mid-write) is dropped and its problem runs
+again. An exception of one
 problem becomes a record with status "error" and the run goes on.
 
 Record status: "ok" (a correct kernel was found), else the status of the last candidate
@@ -38,6 +40,8 @@ from ..errors import LibraryNotFound, NeedsKeyError, NoGPUError
 from ..harness.problem import Problem, dev_set_path
 
 RECORD_VERSION = 1
+# stop reasons of a loop that continues from its transcript when the bench runs again
+UNFINISHED = ("waiting", "needs_gpu")
 # exceptions that would fail every problem the same way: they end the run instead of being recorded
 STOP_ON: tuple[type[BaseException], ...] = (NeedsKeyError, LibraryNotFound, NoGPUError)
 
@@ -188,6 +192,7 @@ class BenchRecord:
     stop_reason: str = ""
     best_path: str | None = None  # the best kernel's source file
     transcript: str | None = None  # the loop's JSONL transcript
+    waiting_for: list[str] = field(default_factory=list)  # prompt files without a reply (file:)
     error: str = ""  # one readable line
     traceback: str = ""
     finished: str = ""  # UTC, ISO 8601
@@ -276,6 +281,7 @@ def record_from_loop(
         rounds=loop.rounds,
         stop_reason=loop.stop_reason,
         transcript=str(loop.transcript) if loop.transcript else None,
+        waiting_for=list(getattr(loop, "waiting_for", [])),
     )
     if best is not None:
         result = best.result
@@ -549,7 +555,9 @@ def _run_locked(
     skipped = [
         p.key
         for p in problems
-        if p.key in latest and not (retry_errors and latest[p.key].get("status") == "error")
+        if p.key in latest
+        and not (retry_errors and latest[p.key].get("status") == "error")
+        and latest[p.key].get("stop_reason") not in UNFINISHED
     ]
     todo = [p for p in problems if p.key not in set(skipped)]
     say(
@@ -629,15 +637,16 @@ def loop_forge(
     judge, rounds, max_dollars, max_seconds, candidates, gpu, ...). Transcripts are written to
     transcripts_dir/<key>.jsonl (default: run_loop's own place)."""
     from ..agents.loop import run_loop
+    from ..agents.resume import recorded_problem
 
     def forge_one(problem: BenchProblem) -> Any:
         transcript = None
         if transcripts_dir is not None:
             transcript = transcript_path(transcripts_dir, problem.key)
             transcript.parent.mkdir(parents=True, exist_ok=True)
-        return run_loop(
-            problem.source, evaluate, name=problem.name, transcript=transcript, **loop_options
-        )
+        # a problem run before goes on with the problem it began with (agents.resume)
+        source = (recorded_problem(transcript) if transcript else None) or problem.source
+        return run_loop(source, evaluate, name=problem.name, transcript=transcript, **loop_options)
 
     return forge_one
 

@@ -1,7 +1,9 @@
 """The `cudaforge` command.
 
 Exit codes: 0 done; 1 the work failed (a candidate was wrong, a run ended in errors); 2 bad usage
-or input; 3 a needed resource is missing (GPU, CUDA library, API key); 130 interrupted.
+or input; 3 a needed resource is missing (GPU, CUDA library, API key; also a resumed GPU run on a
+machine without one); 4 waiting for replies (a `file:DIR?wait=0` model: the prompt files that need
+a reply are printed; write the replies, then run the same command again); 130 interrupted.
 Errors print one readable line; --debug shows the traceback.
 """
 
@@ -16,7 +18,8 @@ from pathlib import Path
 
 from .doctor import gpu_facts, has_gpu
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_WAITING = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
 CPU_MAX_BYTES = 32 << 20  # problems are shrunk to this on the CPU path (dev inputs reach GBs)
 
 
@@ -149,11 +152,18 @@ def cmd_profile(args) -> int:
 
 
 def _source_evaluator(
-    args, *, name: str | None = None, profile: bool = False, pool=None, compiled_times=None
+    args,
+    *,
+    name: str | None = None,
+    profile: bool = False,
+    pool=None,
+    compiled_times=None,
+    device: str | None = None,
 ):
     """The agents' evaluate(problem_source, candidate_source) with the command's run options.
     compiled_times: a file (cudaforge.harness.compiled_reference) that makes the evaluations time
-    torch.compile of each problem's reference once; None: not timed."""
+    torch.compile of each problem's reference once; None: not timed. device: "cpu" keeps a
+    resumed CPU run on the CPU."""
     from ..harness.compiled_reference import CompiledReferenceTimes, once_per_problem
     from ..harness.evaluate import evaluate
     from ..harness.problem import Problem
@@ -169,6 +179,7 @@ def _source_evaluator(
             compare_compile=compare_compile,
             profile=profile,
             pool=pool,
+            device=device,
         )
 
     if compiled_times is None:
@@ -178,25 +189,33 @@ def _source_evaluator(
 
 def cmd_forge(args) -> int:
     from ..agents.loop import run_loop
+    from ..agents.resume import RecordedRun
 
     problem = load_problem(args.problem, args.sizes, args.shrink)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     transcript = out_dir / f"{problem.name}.transcript.jsonl"
+    source, device = problem.source, None
+    recorded = RecordedRun.read(transcript)
+    if recorded is not None:  # the same forge again: it continues the recorded run
+        source = recorded.problem_source or source
+        if recorded.evaluations and not recorded.on_gpu:
+            device = "cpu"  # a CPU run stays a CPU run
     print(
-        f"forging {problem.name} with coder {args.llm}, judge {args.judge or args.llm}; "
-        f"transcript {transcript}",
+        f"{'resuming' if recorded else 'forging'} {problem.name} with coder {args.llm}, judge "
+        f"{args.judge or args.llm}; transcript {transcript}",
         file=sys.stderr,
     )
-    gpu = has_gpu()
+    gpu = has_gpu() and device is None
     evaluate = _source_evaluator(
         args,
         name=problem.name,
         profile=gpu and not args.no_profile,
         compiled_times=out_dir / "compiled_reference.json" if gpu else None,
+        device=device,
     )
     result = run_loop(
-        problem.source,
+        source,
         evaluate,
         coder=args.llm,
         judge=args.judge,
@@ -210,6 +229,8 @@ def cmd_forge(args) -> int:
     )
     summary = result.to_dict()
     (out_dir / f"{problem.name}.result.json").write_text(json.dumps(summary, indent=2, default=str))
+    if result.stop_reason in ("waiting", "needs_gpu"):
+        return _unfinished(result.stop_reason, result.waiting_for)
     if result.best_source:
         best = out_dir / f"{problem.name}.best.py"
         best.write_text(result.best_source)
@@ -218,6 +239,26 @@ def cmd_forge(args) -> int:
         return EXIT_OK
     print(f"no correct kernel in {result.rounds} rounds; stopped: {result.stop_reason}")
     return EXIT_FAILED
+
+
+def _unfinished(stop_reason: str, waiting_for: list[str]) -> int:
+    """The exit code of a run that stopped before its end, after saying how to go on."""
+    if stop_reason == "needs_gpu":
+        print(
+            "stopped: needs_gpu (the recorded evaluations ran on a GPU and this machine has none; "
+            "run the same command on a GPU machine to evaluate the new candidates)",
+            file=sys.stderr,
+        )
+        return EXIT_MISSING
+    print(
+        f"stopped: waiting for {len(waiting_for)} repl{'y' if len(waiting_for) == 1 else 'ies'}; "
+        "write each NAME.reply.md beside its NAME.prompt.md below, then run the same command "
+        "again (it continues from the transcript)",
+        file=sys.stderr,
+    )
+    for prompt_file in waiting_for:
+        print(prompt_file)
+    return EXIT_WAITING
 
 
 def cmd_bench(args) -> int:
@@ -244,7 +285,7 @@ def cmd_bench(args) -> int:
 
         pool = RayPool(args.ray)
     gpu = has_gpu() if pool is None else any(d.startswith("cuda") for d in pool.devices)
-    shrink = args.shrink or not gpu
+    shrink = args.shrink or (not gpu and not args.full_size)
 
     forge = loop_forge(
         _source_evaluator(
@@ -289,6 +330,11 @@ def cmd_bench(args) -> int:
         f"results: {outcome.results} ({len(outcome.records)} run, {len(outcome.skipped)} "
         "already done)"
     )
+    waiting = [path for r in outcome.records for path in r.waiting_for]
+    if any(r.stop_reason == "waiting" for r in outcome.records):
+        return _unfinished("waiting", waiting)
+    if any(r.stop_reason == "needs_gpu" for r in outcome.records):
+        return _unfinished("needs_gpu", [])
     errors = sum(1 for r in outcome.records if r.status == "error")
     return EXIT_FAILED if errors else EXIT_OK
 
@@ -364,9 +410,10 @@ def _add_llm_options(p) -> None:
         "--llm",
         default=os.environ.get("CUDAFORGE_LLM", "openai:o3"),
         help="the Coder: openai:MODEL, anthropic:MODEL, openai:MODEL@URL, "
-        "replay:TRANSCRIPT (default $CUDAFORGE_LLM or openai:o3)",
+        "replay:TRANSCRIPT, file:DIR (prompts and replies as files; file:DIR?wait=0 does not "
+        "wait for a reply) (default $CUDAFORGE_LLM or openai:o3)",
     )
-    p.add_argument("--judge", help="the Judge's model (default: the Coder's)")
+    p.add_argument("--judge", help="the Judge's model, as --llm (default: the Coder's)")
     p.add_argument("--rounds", type=int, default=10, help="rounds per problem (default 10)")
     p.add_argument("--max-dollars", type=float, help="stop a problem past this cost")
 
@@ -381,7 +428,11 @@ def _add_profile_option(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cudaforge", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="cudaforge",
+        description=__doc__.splitlines()[0],
+        epilog=" ".join(__doc__.split("\n\n")[1].split("\n")[:-1]),
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -399,7 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=int, default=4000, help="characters of feedback text")
     p.set_defaults(run=cmd_profile)
 
-    p = sub.add_parser("forge", help="the Coder/Judge loop on one problem")
+    p = sub.add_parser(
+        "forge",
+        help="the Coder/Judge loop on one problem; run it again with the same --out to resume",
+    )
     p.add_argument("problem", help="a problem .py file, or a dev-set id like L1/19")
     _add_run_options(p)
     _add_llm_options(p)
@@ -415,6 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, action="append", help="level(s) to run")
     p.add_argument("--ids", type=int, nargs="+", help="problem ids to run")
     p.add_argument("--results", default="bench-results.jsonl", help="the JSONL results file")
+    p.add_argument(
+        "--full-size",
+        action="store_true",
+        help="keep the problems' sizes without a GPU: render the agents' prompts here for a run "
+        "whose candidates are evaluated on a GPU machine (use with a file: model and wait=0)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="problems at once")
     p.add_argument("--retry-errors", action="store_true", help="rerun problems that errored")
     p.add_argument(

@@ -1,0 +1,114 @@
+"""What a forge run already did, read back from its transcript so that the run can go on.
+
+A run that is started again on the transcript of an earlier one (the same `forge --out`, the same
+`bench --results`) continues it: the recorded LLM replies answer the calls with the same role and
+tag (agents.loop.call_tag), the recorded evaluations answer for candidates with the same sha256,
+and only the first call or candidate without a record goes live. The loop is deterministic given
+its replies and results, so the replayed part asks what it asked before. This works after a crash
+or a kill too: records are written as they happen, and a torn last line is ignored.
+
+A run whose evaluations ran on a GPU, resumed on a machine without one, replays what is recorded
+and stops with `needs_gpu` at its first new candidate (RecordedRun.on_gpu).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..harness.results import EvalResult
+from .providers import Reply
+
+
+def source_sha256(source: str) -> str:
+    """The hash evaluations are recorded and found by."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a transcript; a torn line (the writer was killed mid-line) is skipped."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
+
+
+@dataclass
+class RecordedRun:
+    """The replies and evaluations of a transcript, for a resumed run.
+
+    start: the first start record (problem, models, gpu text, target). replies: (role, tag) ->
+    llm record. evaluations: candidate sha256 -> result dict. on_gpu: some recorded evaluation
+    ran on a GPU (its result names a CUDA device)."""
+
+    path: Path
+    start: dict[str, Any]
+    replies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    on_gpu: bool = False
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> RecordedRun | None:
+        """The run recorded at `path`, or None when there is none (no file, no start record)."""
+        path = Path(path)
+        if not path.is_file():
+            return None
+        records = read_records(path)
+        start = next((r for r in records if r.get("kind") == "start"), None)
+        if start is None:
+            return None
+        run = cls(path, start)
+        for record in records:
+            if record.get("kind") == "llm" and record.get("tag"):
+                run.replies.setdefault((record.get("role", ""), record["tag"]), record)
+            elif record.get("kind") == "eval" and record.get("source") is not None:
+                digest = record.get("source_sha256") or source_sha256(record["source"])
+                run.evaluations.setdefault(digest, record["result"])
+                run.on_gpu = run.on_gpu or "cuda" in str(record["result"].get("device", ""))
+        return run
+
+    @property
+    def problem_source(self) -> str:
+        return self.start.get("problem_source", "")
+
+    def reply(self, role: str, tag: str) -> Reply | None:
+        """The recorded reply of the call `role` made under `tag`, or None."""
+        record = self.replies.get((role, tag))
+        if record is None:
+            return None
+        return Reply(
+            text=record["reply"],
+            model=record.get("model", ""),
+            input_tokens=int(record.get("input_tokens") or 0),
+            output_tokens=int(record.get("output_tokens") or 0),
+            cost_usd=record.get("cost_usd"),
+            finish_reason=record.get("finish_reason", ""),
+            attempts=0,  # no request made this time
+            tokens_estimated=bool(record.get("tokens_estimated")),
+        )
+
+    def evaluation(self, source: str) -> EvalResult | None:
+        """The recorded result for the candidate `source`, or None."""
+        result = self.evaluations.get(source_sha256(source))
+        return EvalResult.from_dict(result) if result is not None else None
+
+
+def recorded_problem(path: str | os.PathLike) -> str | None:
+    """The problem source a transcript's run was started with, or None when there is no run
+    there: a resumed run goes on with the problem it began with (a run started on a CPU keeps
+    its shrunk sizes, a GPU run resumed on a CPU keeps the GPU's)."""
+    run = RecordedRun.read(path)
+    return run.problem_source or None if run is not None else None
+
+
+__all__ = ["RecordedRun", "read_records", "recorded_problem", "source_sha256"]
