@@ -307,6 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The benchmark's GPU as cudaforge.cli.doctor.gpu_facts describes it on the H200 (doctor there,
+# 2026-12-03: 132 SMs, 140 GiB, L2 60 MiB; 227 KiB opt-in shared memory, 64K registers and 2048
+# threads per SM are compute capability 9.0's limits), so that prompts rendered on a machine
+# without a GPU say what a run on the H200 would.
+H200 = (
+    "NVIDIA H200: compute capability 9.0, 132 SMs, 140 GiB, L2 60 MiB, up to 227 KiB shared "
+    "memory per block (opt-in), 65536 registers and 2048 threads per SM, warp size 32."
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Path(args.out) if args.out else RUNS / f"{args.set}-metrics-{args.judge_metrics}"
@@ -320,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
 
         command = ["bench", str(write_problems(problems, out / "problems")),
                    "--results", str(results), "--llm", args.llm, "--rounds", str(args.rounds),
-                   "--jobs", str(args.jobs), "--full-size"]  # fmt: skip
+                   "--jobs", str(args.jobs), "--full-size", "--target-gpu", H200]  # fmt: skip
         command += ["--judge", args.judge] if args.judge else []
         command += ["--no-profile"] if args.judge_metrics == "off" else []
         code = cudaforge(command)

@@ -146,7 +146,8 @@ def test_bench_full_size_renders_the_problems_own_sizes_without_a_gpu(tmp_path, 
         "def get_init_inputs():\n    return []\n"
     )
     prompts = {}
-    for label, extra in (("full", ["--full-size"]), ("shrunk", [])):
+    target = ["--target-gpu", "Test GPU: compute capability 9.0"]
+    for label, extra in (("full", ["--full-size", *target]), ("shrunk", [])):
         replies = tmp_path / f"replies-{label}"
         code = main(
             ["bench", str(tmp_path / "problems"), "--results", str(tmp_path / f"{label}.jsonl"),
@@ -158,3 +159,5 @@ def test_bench_full_size_renders_the_problems_own_sizes_without_a_gpu(tmp_path, 
     capsys.readouterr()
     assert "dim = 393216" in prompts["full"] and "size override" not in prompts["full"]
     assert "size override" in prompts["shrunk"]
+    assert "Test GPU: compute capability 9.0" in prompts["full"]
+    assert "Test GPU" not in prompts["shrunk"]

@@ -298,7 +298,7 @@ def cmd_bench(args) -> int:
         judge=args.judge,
         rounds=args.rounds,
         max_dollars=args.max_dollars,
-        gpu=gpu_facts(),
+        gpu=args.target_gpu or gpu_facts(),
         transcripts_dir=transcripts_dir_path(args.results),
     )
     if shrink:
@@ -469,6 +469,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, action="append", help="level(s) to run")
     p.add_argument("--ids", type=int, nargs="+", help="problem ids to run")
     p.add_argument("--results", default="bench-results.jsonl", help="the JSONL results file")
+    p.add_argument(
+        "--target-gpu",
+        help="the GPU that evaluates the candidates, as the agents' prompts describe it (default: "
+        "this machine's); for prompts rendered on another machine",
+    )
     p.add_argument(
         "--full-size",
         action="store_true",
