@@ -137,6 +137,20 @@ class Reply:
     attempts: int = 1  # HTTP requests made (1 + retries)
     tokens_estimated: bool = False  # token counts estimated from characters, not reported
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any], **fields: Any) -> Reply:
+        """The reply of a transcript's `llm` record (replay, resume); fields override."""
+        return cls(
+            text=record["reply"],
+            model=record.get("model", ""),
+            input_tokens=int(record.get("input_tokens") or 0),
+            output_tokens=int(record.get("output_tokens") or 0),
+            cost_usd=record.get("cost_usd"),
+            finish_reason=record.get("finish_reason", ""),
+            tokens_estimated=bool(record.get("tokens_estimated")),
+            **fields,
+        )
+
 
 # ---------------------------------------------------------------- the provider contract
 
@@ -558,17 +572,7 @@ class ReplayProvider(Provider):
                     f"replay: {self.path} has no more {who}replies{where}", provider=self.model_id
                 )
             self._used[index] = True
-        record = self._records[index]
-        reply = Reply(
-            text=record["reply"],
-            model=record.get("model", ""),
-            input_tokens=int(record.get("input_tokens") or 0),
-            output_tokens=int(record.get("output_tokens") or 0),
-            cost_usd=record.get("cost_usd"),
-            finish_reason=record.get("finish_reason", ""),
-            tokens_estimated=bool(record.get("tokens_estimated")),
-        )
-        return self._count(reply)
+        return self._count(Reply.from_record(self._records[index]))
 
 
 # ---------------------------------------------------------------- model strings

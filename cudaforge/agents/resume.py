@@ -86,16 +86,7 @@ class RecordedRun:
         record = self.replies.get((role, tag))
         if record is None:
             return None
-        return Reply(
-            text=record["reply"],
-            model=record.get("model", ""),
-            input_tokens=int(record.get("input_tokens") or 0),
-            output_tokens=int(record.get("output_tokens") or 0),
-            cost_usd=record.get("cost_usd"),
-            finish_reason=record.get("finish_reason", ""),
-            attempts=0,  # no request made this time
-            tokens_estimated=bool(record.get("tokens_estimated")),
-        )
+        return Reply.from_record(record, attempts=0)  # no request made this time
 
     def evaluation(self, source: str) -> EvalResult | None:
         """The recorded result for the candidate `source`, or None."""
