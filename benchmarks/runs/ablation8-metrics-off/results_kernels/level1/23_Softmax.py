@@ -1,0 +1,238 @@
+import torch
+import torch.nn as nn
+import cudaforge
+
+_COMMON_SRC = r"""
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// merge (om, os) into (m, s): s is a sum of exp(v - m)
+__device__ __forceinline__ void combine(float& m, float& s, float om, float os) {
+    float M = fmaxf(m, om);
+    if (M == NEG_INF) return;            // both empty
+    s = s * __expf(m - M) + os * __expf(om - M);
+    m = M;
+}
+
+__device__ __forceinline__ void warp_combine(float& m, float& s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float om = __shfl_xor_sync(0xffffffffu, m, o);
+        float os = __shfl_xor_sync(0xffffffffu, s, o);
+        combine(m, s, om, os);
+    }
+}
+
+// block-wide merge; every thread gets the result. blockDim.x must be a multiple of 32.
+__device__ __forceinline__ void block_combine(float& m, float& s, float* red_m, float* red_s) {
+    const int lane = threadIdx.x & 31;
+    const int w = threadIdx.x >> 5;
+    const int nw = (blockDim.x + 31) >> 5;
+    warp_combine(m, s);
+    if (lane == 0) { red_m[w] = m; red_s[w] = s; }
+    __syncthreads();
+    if (w == 0) {
+        float mm = (lane < nw) ? red_m[lane] : NEG_INF;
+        float ss = (lane < nw) ? red_s[lane] : 0.f;
+        warp_combine(mm, ss);
+        if (lane == 0) { red_m[0] = mm; red_s[0] = ss; }
+    }
+    __syncthreads();
+    m = red_m[0];
+    s = red_s[0];
+    __syncthreads();
+}
+
+__device__ __forceinline__ void update4(float& m, float& s, const float4 v) {
+    float mx = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+    if (mx > m) { s *= __expf(m - mx); m = mx; }
+    s += (__expf(v.x - m) + __expf(v.y - m)) + (__expf(v.z - m) + __expf(v.w - m));
+}
+"""
+
+_CLUSTER_SRC = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+""" + _COMMON_SRC + r"""
+#define CLUSTER 8
+
+// grid = (CLUSTER, gy); the 8 CTAs of a cluster share one row (blockIdx.y), each one
+// holding a chunk of chunk4 float4s in shared memory.
+// prm = {rows, dim4, chunk4}
+template <int BS>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(BS, 1)
+softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ prm)
+{
+    extern __shared__ float4 sbuf[];
+    __shared__ float red_m[32], red_s[32];
+    __shared__ float part_m[2], part_s[2];
+    __shared__ float fin[2];
+
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rows   = prm[0];
+    const int dim4   = prm[1];
+    const int chunk4 = prm[2];
+    const int rank = (int)cluster.block_rank();
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int start = rank * chunk4;
+    int n = dim4 - start;
+    if (n > chunk4) n = chunk4;          // may be <= 0 for tiny rows
+
+    const float4* __restrict__ x4 = reinterpret_cast<const float4*>(x);
+    float4* __restrict__ y4 = reinterpret_cast<float4*>(y);
+
+    int par = 0;
+    for (int row = (int)blockIdx.y; row < rows; row += (int)gridDim.y) {
+        const size_t base = (size_t)row * (size_t)dim4 + (size_t)start;
+        const float4* xr = x4 + base;
+        float4* yr = y4 + base;
+
+        // ---- pass 1: HBM -> smem, online max / sum-exp ----
+        float m = NEG_INF, s = 0.f;
+        int i = tid;
+        for (; i + 3 * BS < n; i += 4 * BS) {
+            float4 v0 = xr[i];
+            float4 v1 = xr[i + BS];
+            float4 v2 = xr[i + 2 * BS];
+            float4 v3 = xr[i + 3 * BS];
+            sbuf[i] = v0;
+            sbuf[i + BS] = v1;
+            sbuf[i + 2 * BS] = v2;
+            sbuf[i + 3 * BS] = v3;
+            update4(m, s, v0);
+            update4(m, s, v1);
+            update4(m, s, v2);
+            update4(m, s, v3);
+        }
+        for (; i < n; i += BS) {
+            float4 v = xr[i];
+            sbuf[i] = v;
+            update4(m, s, v);
+        }
+
+        // ---- CTA reduction, then cluster reduction through DSMEM ----
+        block_combine(m, s, red_m, red_s);
+        if (tid == 0) { part_m[par] = m; part_s[par] = s; }
+        cluster.sync();
+        if (tid < 32) {
+            float cm = NEG_INF, cs = 0.f;
+            if (lane < CLUSTER) {
+                cm = *cluster.map_shared_rank(&part_m[par], (unsigned)lane);
+                cs = *cluster.map_shared_rank(&part_s[par], (unsigned)lane);
+            }
+            warp_combine(cm, cs);
+            if (lane == 0) { fin[0] = cm; fin[1] = 1.f / cs; }
+        }
+        __syncthreads();
+        const float M = fin[0];
+        const float inv = fin[1];
+
+        // ---- pass 2: smem -> HBM ----
+#pragma unroll 4
+        for (i = tid; i < n; i += BS) {
+            float4 v = sbuf[i];
+            v.x = __expf(v.x - M) * inv;
+            v.y = __expf(v.y - M) * inv;
+            v.z = __expf(v.z - M) * inv;
+            v.w = __expf(v.w - M) * inv;
+            yr[i] = v;
+        }
+        par ^= 1;   // double-buffered partials: one cluster barrier per row is enough
+    }
+    // keep shared memory alive until every CTA of the cluster has read it
+    cluster.sync();
+}
+"""
+
+_GENERIC_SRC = _COMMON_SRC + r"""
+extern "C" __global__ void __launch_bounds__(1024)
+softmax_rows_generic(const float* __restrict__ x, float* __restrict__ y, int rows, int dim)
+{
+    __shared__ float red_m[32], red_s[32];
+    for (int row = (int)blockIdx.x; row < rows; row += (int)gridDim.x) {
+        const float* xr = x + (size_t)row * (size_t)dim;
+        float* yr = y + (size_t)row * (size_t)dim;
+        float m = NEG_INF, s = 0.f;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            float v = xr[i];
+            if (v > m) { s *= __expf(m - v); m = v; }
+            s += __expf(v - m);
+        }
+        block_combine(m, s, red_m, red_s);
+        const float inv = 1.f / s;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            yr[i] = __expf(xr[i] - m) * inv;
+        }
+    }
+}
+"""
+
+_BS = 1024
+_CLUSTER = 8
+_MAX_DYN_SMEM = 220 * 1024          # per-CTA slice limit for the cluster path
+_MIN_CLUSTER_DIM = 32768
+_KERNELS = None
+
+
+def _get_kernels():
+    global _KERNELS
+    if _KERNELS is None:
+        name = "softmax_cluster<%d>" % _BS
+        cmod = cudaforge.compile(_CLUSTER_SRC, name="softmax_cluster.cu",
+                                 name_expressions=[name])
+        gmod = cudaforge.compile(_GENERIC_SRC, name="softmax_generic.cu")
+        _KERNELS = (cmod.kernel(name), gmod.softmax_rows_generic)
+    return _KERNELS
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super(ModelNew, self).__init__()
+        self._kernels = _get_kernels()
+        self._prm_cache = {}
+
+    def _params(self, rows, dim4, chunk4, device):
+        key = (rows, dim4, chunk4, str(device))
+        t = self._prm_cache.get(key)
+        if t is None:
+            t = torch.tensor([rows, dim4, chunk4], dtype=torch.int32, device=device)
+            self._prm_cache[key] = t
+        return t
+
+    def _launch(self, x2, y2, R, D):
+        cluster_k, generic_k = self._kernels
+        if D % 4 == 0 and D >= _MIN_CLUSTER_DIM:
+            dim4 = D // 4
+            chunk4 = (dim4 + _CLUSTER - 1) // _CLUSTER
+            smem = chunk4 * 16
+            if (smem <= _MAX_DYN_SMEM and x2.data_ptr() % 16 == 0
+                    and y2.data_ptr() % 16 == 0):
+                prm = self._params(R, dim4, chunk4, x2.device)
+                gy = min(R, 65535)
+                cluster_k((_CLUSTER, gy, 1), (_BS, 1, 1), (x2, y2, prm), shared_mem=smem)
+                return
+        threads = min(1024, max(32, ((D + 31) // 32) * 32))
+        grid = min(R, 1 << 30)
+        generic_k((grid, 1, 1), (threads, 1, 1), (x2, y2, R, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert x.dim() >= 2
+        orig_dtype = x.dtype
+        moved = x.dim() > 2
+        xt = x.movedim(1, -1) if moved else x
+        tshape = xt.shape
+        D = tshape[-1]
+        x2 = xt.reshape(-1, D)
+        if x2.dtype != torch.float32:
+            x2 = x2.float()
+        x2 = x2.contiguous()
+        R = x2.shape[0]
+        y2 = torch.empty((R, D), dtype=torch.float32, device=x2.device)
+        if R > 0 and D > 0:
+            self._launch(x2, y2, R, D)
+        y = y2.reshape(tshape)
+        if moved:
+            y = y.movedim(-1, 1).contiguous()
+        if y.dtype != orig_dtype:
+            y = y.to(orig_dtype)
+        return y
