@@ -93,6 +93,7 @@ class Verdict:
                          "reference process never judged (" + ", ".join(missing[:4])
                          + (", ..." if len(missing) > 4 else "") + "); it no longer follows "
                          "the protocol")  # fmt: skip
+                return
         if result.candidate_ms and result.reference_ms:
             result.speedup = result.reference_ms / result.candidate_ms
 
