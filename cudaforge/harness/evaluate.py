@@ -37,7 +37,9 @@ or traced there, and the result says so in guards_skipped.
 Where each part lives: options.py (EvalOptions, the tolerance table), compare.py (what counts as a
 correct output, aliasing), guards.py (the guards and their machinery), tracer.py (compile hooks,
 CUPTI), evaluation.py (one evaluation's state), correctness.py (load, trials, revalidation),
-timing.py (timed, traced and checked runs), pool.py and worker.py (the worker processes).
+timing.py (timed, traced and checked runs), reference.py (the reference's side of every
+comparison), pool.py, slot.py and worker.py (the worker processes), reference_process.py (where
+a pool judges the outputs), verdict.py (the verdict the pool assembles).
 """
 
 from __future__ import annotations
