@@ -79,11 +79,11 @@ print(json.dumps(out))
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def after(items, options: dict, device: str | None) -> list[tuple[float, str]]:
+def after(items, options: dict, device: str | None, spares: int) -> list[tuple[float, str]]:
     from cudaforge.harness.pool import WorkerPool
 
     out = []
-    with WorkerPool(1, device=device) as pool:
+    with WorkerPool(1, device=device, spares=spares) as pool:
         pool.wait_ready(600)
         pool.evaluate(items[0][1], items[0][2], **options)  # the same warm-up as before()
         for _, problem, source in items:
@@ -98,6 +98,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="passes over the problems")
     parser.add_argument("--timed-runs", type=int, default=100)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--spares", type=int, default=1, help="workers started ahead per slot")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     import torch
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
         options["device"] = "cpu"
     items = stream(cuda, args.repeats)
     old = before(items, options)
-    new = after(items, options, None if cuda else "cpu")
+    new = after(items, options, None if cuda else "cpu", args.spares)
     rows = []
     for name in dict.fromkeys(n for n, _, _ in items):
         picks = [i for i, (n, _, _) in enumerate(items) if n == name]
@@ -117,7 +118,8 @@ def main(argv=None) -> int:
         rows.append({"problem": name, "before_s": b, "after_s": a, "added_s": a - b,
                      "status_before": old[picks[0]][1], "status_after": new[picks[0]][1]})  # fmt: skip
     mean_added = statistics.fmean(r["added_s"] for r in rows)
-    print(f"device: {'cuda' if cuda else 'cpu'}; {len(items)} evaluations per mode; {options}")
+    print(f"device: {'cuda' if cuda else 'cpu'}; {len(items)} evaluations per mode; {options}; "
+          f"spares {args.spares}")  # fmt: skip
     print("| problem | before (s) | after (s) | added (s) | status before / after |")
     print("| --- | ---: | ---: | ---: | --- |")
     for r in rows:

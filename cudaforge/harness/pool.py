@@ -140,7 +140,9 @@ class WorkerPool(QueuedPool):
     - map(problem, candidates, **options) -> [EvalResult], evaluated in parallel
     - evaluate(problem, candidate_source, **options) -> EvalResult
     Options are evaluate()'s (cudaforge.harness.options.EvalOptions); `timeout` and `compile_timeout`
-    default to the pool's."""
+    default to the pool's. `spares`: worker processes each slot keeps started ahead (each
+    candidate gets a fresh one); more keep a fast stream of short evaluations from waiting for
+    a worker to start, at the memory (and CUDA context) of one process each."""
 
     def __init__(
         self,
@@ -151,6 +153,7 @@ class WorkerPool(QueuedPool):
         compile_timeout: float = 300.0,
         start_timeout: float = 300.0,
         log_dir: str | os.PathLike | None = None,
+        spares: int = 1,
     ):
         self.timeout = timeout
         self.compile_timeout = compile_timeout
@@ -163,7 +166,8 @@ class WorkerPool(QueuedPool):
         if not slots:
             raise ValueError("a worker pool needs at least one worker")
         self._workers = [
-            Slot(i, env, dev, self.log_dir, start_timeout) for i, (env, dev) in enumerate(slots)
+            Slot(i, env, dev, self.log_dir, start_timeout, spares)
+            for i, (env, dev) in enumerate(slots)
         ]
         self._started = [threading.Event() for _ in self._workers]
         for slot in self._workers:

@@ -90,7 +90,7 @@ class Slot:
     """What one pool thread serves jobs with."""
 
     def __init__(self, index: int, env: dict[str, str], device: str, log_dir: Path,
-                 start_timeout: float):  # fmt: skip
+                 start_timeout: float, spares: int = 1):  # fmt: skip
         self.index = index
         self.env = env
         self.device = device  # "cuda:<id>" or "cpu", for messages
@@ -99,13 +99,14 @@ class Slot:
         self.generation = 0
         self.restarts = 0  # processes replaced after a crash, a hang or a broken protocol
         self.reference: ReferenceHandle | None = None
-        self.spare: CandidateWorker | None = None
+        self.spares_wanted = max(1, spares)
+        self.spares: list[CandidateWorker] = []  # started ahead, oldest first
 
     # ------------------------------------------------------------------ processes
 
     def start(self) -> None:
         self.reference = self._new_reference()
-        self.spare = self._new_worker()
+        self.spares = [self._new_worker() for _ in range(self.spares_wanted)]
 
     def _new_worker(self) -> CandidateWorker:
         self.generation += 1
@@ -118,8 +119,8 @@ class Slot:
     def wait_ready(self) -> str | None:
         """None once the reference process and the spare worker are ready; else why not."""
         why = self._reference_ready()
-        if why is None and self.spare is not None:
-            why = self.spare.process.wait_ready(self.spare.results, self.start_timeout)
+        if why is None and self.spares:
+            why = self.spares[0].process.wait_ready(self.spares[0].results, self.start_timeout)
             if why:
                 why = f"worker {self.index} {why}"
         return why
@@ -134,16 +135,17 @@ class Slot:
         return f"the reference process of worker {self.index} {why}" if why else None
 
     def take_worker(self) -> tuple[CandidateWorker | None, str]:
-        """The ready spare (a fresh one if it died), and the next spare started behind it."""
+        """The oldest spare (a fresh one if it died), and a new spare started behind it."""
         for _ in range(2):
-            worker, self.spare = self.spare, None
+            worker = self.spares.pop(0) if self.spares else None
             if worker is None or not worker.process.alive():
                 if worker is not None:
                     worker.kill()
                 worker = self._new_worker()
             why = worker.process.wait_ready(worker.results, self.start_timeout)
             if why is None:
-                self.spare = self._new_worker()  # starts while this one evaluates
+                while len(self.spares) < self.spares_wanted:
+                    self.spares.append(self._new_worker())  # starts while this one evaluates
                 return worker, ""
             tail = worker.process.log_tail()
             worker.kill()
@@ -152,20 +154,20 @@ class Slot:
 
     def pids(self) -> list[int]:
         found = []
-        for handle in (self.spare,):
-            if handle is not None and handle.process.alive():
+        for handle in self.spares:
+            if handle.process.alive():
                 found.append(handle.process.pid)
         return found
 
     def close(self) -> None:
-        for handle in (self.spare, self.reference):
-            if handle is not None:
-                if handle is self.reference:
-                    with contextlib.suppress(OSError):
-                        wire.send(handle.fd, {"type": "stop"})
-                    handle.process.exit_code(2.0)
-                handle.kill()
-        self.spare = self.reference = None
+        for worker in self.spares:
+            worker.kill()
+        if self.reference is not None:
+            with contextlib.suppress(OSError):
+                wire.send(self.reference.fd, {"type": "stop"})
+            self.reference.process.exit_code(2.0)
+            self.reference.kill()
+        self.spares, self.reference = [], None
 
     # ------------------------------------------------------------------ one evaluation
 
