@@ -43,8 +43,11 @@ def check_outputs(
     trial: int = 0,
     seed: int | None = None,
     phase: str = "correctness",
+    facts: list | None = None,
 ) -> TrialFailure | None:
-    """None when `actual` matches `expected` (every output); else the first difference."""
+    """None when `actual` matches `expected` (every output); else the first difference.
+    `facts`: for outputs rebuilt from host copies (host_copy.py), per leaf the facts of the
+    candidate's own tensor (class, device, layout, strides), read in place of the copy's."""
     import torch
 
     def fail(index: int, message: str, **kw) -> TrialFailure:
@@ -65,24 +68,54 @@ def check_outputs(
             continue
         if not isinstance(a, torch.Tensor):
             return fail(i, f"got {type(a).__name__}, expected a tensor")
-        if type(a) is not type(e):
+        fact = facts[i] if facts is not None and i < len(facts) else None
+        if fact is not None:
+            found = _facts_failure(fact, e)
+            if found:
+                return fail(i, found)
+        elif type(a) is not type(e):
             return fail(i, f"is a {type(a).__name__}, expected a plain {type(e).__name__} "
                         "(tensor subclasses can defer or fake their values)")  # fmt: skip
-        if a.device != e.device:
+        elif a.device != e.device:
             return fail(i, f"is on {a.device}, expected {e.device}")
-        if a.layout != e.layout:
+        elif a.layout != e.layout:
             return fail(i, f"has layout {a.layout}, expected {e.layout}")
         if a.shape != e.shape:
             return fail(i, f"shape {tuple(a.shape)}, expected {tuple(e.shape)}")
         if a.dtype != e.dtype:
             return fail(i, f"dtype {a.dtype}, expected {e.dtype}")
-        if not _strides_ok(a, e):
+        if fact is not None:
+            found = _facts_strides_failure(fact, e)
+            if found:
+                return fail(i, found)
+        elif not _strides_ok(a, e):
             return fail(i, f"strides {a.stride()} (contiguous: {a.is_contiguous()}), expected "
                         f"{e.stride()} or contiguous")  # fmt: skip
         mismatch = compare_tensors(a, e, options)
         if mismatch is not None:
             return fail(i, mismatch.pop("message"), **mismatch)
     return None
+
+
+def _facts_failure(fact: dict, e) -> str:
+    """What check_outputs says of a host copy's class, device or layout that do not match `e`'s;
+    "" when they do."""
+    if fact.get("type") != type(e).__name__:
+        return (f"is a {str(fact.get('type'))[:60]}, expected a plain {type(e).__name__} "
+                "(tensor subclasses can defer or fake their values)")  # fmt: skip
+    if fact.get("device") != str(e.device):
+        return f"is on {str(fact.get('device'))[:40]}, expected {e.device}"
+    if fact.get("layout") != str(e.layout):
+        return f"has layout {str(fact.get('layout'))[:40]}, expected {e.layout}"
+    return ""
+
+
+def _facts_strides_failure(fact: dict, e) -> str:
+    stride, contiguous = tuple(fact.get("stride") or ()), bool(fact.get("contiguous"))
+    if e.numel() > 1 and not (contiguous or (not e.is_contiguous() and stride == e.stride())):
+        return (f"strides {stride} (contiguous: {contiguous}), expected {e.stride()} or "
+                "contiguous")  # fmt: skip
+    return ""
 
 
 def _same_value(a, e, options: EvalOptions | Tolerances) -> bool:

@@ -9,11 +9,12 @@ import linecache
 import sys
 import types
 
-from .compare import aliases, changed_input, check_outputs, leaves, overlap
+from .compare import aliases, leaves, overlap
 from .evaluation import Evaluation, cloned, one_line, refill, tensor_bytes
 from .guards import CORRECTNESS_GUARDS, _fingerprint, kernel_names_in
 from .options import tolerance_of
 from .problem import _seeded
+from .reference import ReferenceJudge, check_seed
 from .results import TrialFailure
 from .tracer import _CompileHooks
 
@@ -30,8 +31,13 @@ class CorrectnessPhases(Evaluation):
             self.reference = self.problem.make_model(self.device, opts.seed, self.ref_module)
         except Exception as e:  # noqa: BLE001 - a broken problem is reported, not raised
             self.stop("load_error", f"the problem failed to build: {one_line(e)}")
+        if getattr(sys.modules.get("__main__"), "NEVER_RUNS_CANDIDATES", False):
+            raise RuntimeError("this process judges candidates and never runs one")
         self.hooks = _CompileHooks()
         self.hooks.install()
+        if self.judge is None:  # no reference process: the reference's side runs here
+            self.judge = ReferenceJudge(self.problem, opts, self.device)
+            self.judge.build()
         self.fingerprint = _fingerprint(torch)
         module_name = f"cudaforge_candidate_{r.candidate_hash[:12]}"
         filename = f"<candidate {r.candidate_hash[:8]}>"
@@ -119,7 +125,7 @@ class CorrectnessPhases(Evaluation):
     def trial(self, trial, seed, problem, module, reference, candidate, label: str) -> None:
         """One trial: the candidate twice (each on its own clone of fresh inputs, on a poisoned
         allocator), then the reference on another clone; outputs, aliasing, reuse, inputs."""
-        torch, opts, r = self.torch, self.opts, self.result
+        torch, r = self.torch, self.result
         main = not label
         base = problem.make_inputs(seed, self.device, module)
         if main:
@@ -142,18 +148,16 @@ class CorrectnessPhases(Evaluation):
             for t in leaves(ref_out)
             if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
         }
+        # the verdicts on the outputs and on the inputs after each call: the reference's side
+        # (the reference process, in a pool), on inputs it regenerates from the same seed
+        judged = []
         for j, out in enumerate(outs):
-            failure = check_outputs(out, ref_out, opts, trial=trial, seed=seed)
-            if failure is not None:
-                failure.message = failure.message.replace(
-                    f"trial {trial}", f"trial {trial}{label}", 1
-                )
-                if j == 1:
-                    failure.message = (
-                        "second call: " + failure.message + " (the first call was right: "
-                        "state kept between calls, or a non-deterministic result)"
-                    )
-                self.incorrect(failure)
+            judgement = self.judge.check("correctness", trial, j, out, runs[j])
+            if judgement.error:
+                self.stop("runtime_error", judgement.error)
+            if judgement.failure is not None:
+                self.incorrect(judgement.failure)
+            judged.append(judgement)
         ref_aliases = aliases(leaves(ref_out), ref_inputs)
         for j, out in enumerate(outs):
             hit = aliases(leaves(out), runs[j])
@@ -169,18 +173,11 @@ class CorrectnessPhases(Evaluation):
         if reused and not overlap(leaves(ref_out), state):
             self.fire("output_reused", f"trial {trial}: the second call's output {reused[0]} "
                       f"is memory of the first call's output {reused[1]} (a cached result)")  # fmt: skip
-        ref_mutated = changed_input(base, ref_inputs)
-        for j in range(2):
-            mutated = changed_input(base, runs[j])
-            if mutated is not None and ref_mutated is None:
-                self.fire("input_mutated", f"trial {trial}: input {mutated} was changed by the "
-                          "candidate (the reference leaves it as it was)")  # fmt: skip
-            elif mutated is not None:
-                # the reference changes its inputs too: they must end up the same
-                failure = check_outputs(runs[j], ref_inputs, opts, trial=trial, seed=seed)
-                if failure is not None:
-                    failure.message = "inputs after the call differ: " + failure.message
-                    self.incorrect(failure)
+        for judgement in judged:
+            for guard, detail in judgement.fired.items():
+                self.fire(guard, detail)
+            if judgement.input_failure is not None:
+                self.incorrect(judgement.input_failure)
         hit = [g for g in CORRECTNESS_GUARDS if g in self.fired]
         if hit:
             r.trials = trial + 1
@@ -227,7 +224,7 @@ class CorrectnessPhases(Evaluation):
         buffers = getattr(self, "timed_buffers", None) or []
         previous = None
         for j in range(min(2, len(buffers)) or 0):
-            seed = opts.seed + 300_000 + j
+            seed = check_seed(opts, "revalidation", j)
             fresh = self.problem.make_inputs(seed, self.device, self.ref_module)
             refill(buffers[j], fresh)  # same pointers the candidate was timed on
             if self.cuda:
@@ -240,15 +237,11 @@ class CorrectnessPhases(Evaluation):
                 if reused:
                     self.fire("output_reused", "after timing: a call returned the memory of the "
                               "previous call's output")  # fmt: skip
-            self.settings.apply()
-            expected = self.call(self.reference, cloned(fresh), "reference")
-            self.sync("reference")
-            failure = check_outputs(out, expected, opts, trial=j, seed=seed, phase="revalidation")
-            if failure is not None:
-                failure.message = (
-                    f"after timing, on new values in a buffer it was timed on: {failure.message}"
-                )
-                self.incorrect(failure)
+            judgement = self.judge.check("revalidation", j, 0, out)
+            if judgement.error:
+                self.stop("runtime_error", judgement.error)
+            if judgement.failure is not None:
+                self.incorrect(judgement.failure)
             previous = out
         self.timed_buffers = None
         self.passed_guard("revalidation")

@@ -37,7 +37,9 @@ or traced there, and the result says so in guards_skipped.
 Where each part lives: options.py (EvalOptions, the tolerance table), compare.py (what counts as a
 correct output, aliasing), guards.py (the guards and their machinery), tracer.py (compile hooks,
 CUPTI), evaluation.py (one evaluation's state), correctness.py (load, trials, revalidation),
-timing.py (timed, traced and checked runs), pool.py and worker.py (the worker processes).
+timing.py (timed, traced and checked runs), reference.py (the reference's side of every
+comparison), pool.py, slot.py and worker.py (the worker processes), reference_process.py (where
+a pool judges the outputs), verdict.py (the verdict the pool assembles).
 """
 
 from __future__ import annotations
@@ -106,10 +108,13 @@ def run_evaluation(
     candidate_source: str,
     options: EvalOptions | None = None,
     on_phase: Callable[[str], None] | None = None,
+    judge=None,
 ) -> EvalResult:
     """Run one evaluation in this process. This imports and runs the candidate here: only worker
     processes call it (evaluate() does that for you). `on_phase("loaded")` is called once the
-    candidate is built, so a pool can switch from the compile timeout to the run timeout."""
+    candidate is built, so a pool can switch from the compile timeout to the run timeout.
+    `judge`: the reference's side of the comparisons (a worker's RemoteJudge to its pool's
+    reference process); None judges here, against a reference built in this process."""
     options = options or EvalOptions()
     if isinstance(problem, str):
         problem = Problem.from_source(problem)
@@ -120,7 +125,7 @@ def run_evaluation(
         seed=options.seed,
     )
     started = time.perf_counter()
-    run = _Evaluation(problem, candidate_source, options, result, on_phase)
+    run = _Evaluation(problem, candidate_source, options, result, on_phase, judge)
     try:
         run.execute()
     except _Stop:

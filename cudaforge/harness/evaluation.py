@@ -38,7 +38,7 @@ class _CompiledReferenceFailed(Exception):
 class Evaluation:
     """The state of one evaluation; the phases are methods of the subclasses that add them."""
 
-    def __init__(self, problem, source, options, result, on_phase):
+    def __init__(self, problem, source, options, result, on_phase, judge=None):
         import torch
 
         self.torch = torch
@@ -47,6 +47,9 @@ class Evaluation:
         self.opts: EvalOptions = options
         self.result: EvalResult = result
         self.on_phase = on_phase or (lambda phase: None)
+        # the reference's side of every comparison: the reference process's (RemoteJudge), or
+        # None for one built here at load (a ReferenceJudge)
+        self.judge = judge
         self.device = None
         self.cuda = False
         self.poison = None
@@ -138,6 +141,7 @@ class Evaluation:
             self.skipped.update(
                 unwritten_output="needs the CUDA caching allocator to poison",
                 no_own_kernels=f"{why} (CUPTI kernel records)",
+                timing_mismatch=f"{why} (CUPTI kernel records)",
                 unmeasured_work=f"{why} (streams)",
                 persisting_l2=f"{why} (L2 cache)",
             )
@@ -159,6 +163,7 @@ class Evaluation:
             "ref_module",
             "timed_buffers",
             "flush",
+            "judge",
         ):
             self.__dict__.pop(name, None)
         self.poison = None

@@ -29,13 +29,16 @@ GUARDS = {
     "timed_output": "an output of a timed run was wrong (replayed, skipped or deferred work)",
     "revalidation": "after timing, an output on inputs it had not seen was wrong",
     "unmeasured_work": "GPU work ran outside the timed window (another stream, deferred)",
+    "timing_mismatch": "the timed runs' event times are far below the GPU time CUPTI recorded "
+    "for the candidate's kernels",
     "persisting_l2": "the candidate set a persisting-L2 limit or window (it was reset)",
 }
 CORRECTNESS_GUARDS = ("output_aliases_input", "output_reused", "input_mutated")
 
 # the harness's own modules: a candidate that replaces one of their functions fools the verdict
 HARNESS_MODULES = ("evaluate", "evaluation", "correctness", "timing", "compare", "options",
-                   "guards", "tracer", "problem", "results", "pool", "worker", "pipes")  # fmt: skip
+                   "guards", "tracer", "problem", "results", "reference", "host_copy", "wire",
+                   "worker", "lifeline", "sandbox", "secrets")  # fmt: skip
 
 
 # ====================================================================== torch settings
@@ -139,14 +142,32 @@ def _namespaces(torch) -> list[tuple[str, object]]:
         ("EvalResult", EvalResult),
         ("TrialFailure", TrialFailure),
     ]
-    for name in HARNESS_MODULES:
-        module = sys.modules.get(f"cudaforge.harness.{name}")
-        if module is not None:
-            spaces.append((f"cudaforge.harness.{name}", module))
+    spaces += _package_namespaces()
     for name, value in vars(torch.nn).items():
         if isinstance(value, type) and issubclass(value, torch.nn.Module):
             spaces.append((f"torch.nn.{name}", value))
     return spaces
+
+
+def _package_namespaces() -> list[tuple[str, object]]:
+    """Every loaded module of the cudaforge package, and every class defined in one: a candidate
+    that replaces a method of the harness's classes fools the verdict as much as one that
+    replaces a module's function."""
+    spaces: list[tuple[str, object]] = []
+    for name, module in sorted(sys.modules.items()):
+        if not (name == "cudaforge" or name.startswith("cudaforge.")) or module is None:
+            continue
+        spaces.append((name, module))
+        for key, value in list(vars(module).items()):
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                spaces.append((f"{name}.{key}", value))
+    return spaces
+
+
+def _patchable(value) -> bool:
+    if isinstance(value, types.ModuleType):
+        return False
+    return callable(value) or isinstance(value, (property, staticmethod, classmethod))
 
 
 # rebound by torch itself (torch.set_default_dtype rebinds torch.Storage)
@@ -162,8 +183,7 @@ def _fingerprint(torch) -> dict[tuple[str, str], int]:
         except TypeError:
             continue
         for key, value in items:
-            patchable = callable(value) and not isinstance(value, types.ModuleType)
-            if patchable and (space, key) not in _REBOUND_BY_TORCH:
+            if _patchable(value) and (space, key) not in _REBOUND_BY_TORCH:
                 out[(space, key)] = id(value)
     return out
 

@@ -27,7 +27,7 @@ _DTYPE_ALIASES = {"fp32": "float32", "fp64": "float64", "fp16": "float16", "bf16
 
 @dataclass
 class EvalOptions:
-    """Everything an evaluation is parameterized by (picklable: sent to workers)."""
+    """Everything an evaluation is parameterized by (sent to workers as JSON: options_dict)."""
 
     trials: int = 5
     timed_runs: int = 100
@@ -147,4 +147,17 @@ def _per_dtype(value, defaults: dict[str, float], what: str) -> dict[str, float]
 
 
 def options_dict(options: EvalOptions) -> dict[str, Any]:
+    """The options as JSON-able data (what the pool sends to its processes)."""
     return asdict(options)
+
+
+def options_from_dict(data: dict[str, Any]) -> EvalOptions:
+    """EvalOptions from options_dict()'s data (lists back to tuples); unknown keys refused."""
+    known = set(EvalOptions.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown evaluation option(s): {', '.join(unknown)}")
+    data = dict(data)
+    data["extra_sizes"] = tuple(dict(s) for s in data.get("extra_sizes", ()))
+    data["ignore_guards"] = tuple(data.get("ignore_guards", ()))
+    return EvalOptions(**data)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..profiling.l2_flush import l2_flush
-from .compare import check_outputs
-from .evaluation import Evaluation, _Stop, cloned, one_line, refill
+from .evaluation import Evaluation, _Stop, one_line, refill
 from .guards import is_own_kernel
+from .reference import check_seed
 from .results import KernelTime
 from .tracer import _Tracer
 
@@ -39,7 +39,7 @@ DATASHEET_BANDWIDTH = {
 class _Measurement:
     times: list[float]  # ms per timed run
     records: list[dict] | None  # CUPTI kernel records of the timed runs (harness stream removed)
-    checked: list  # [(input snapshot, output)] of the checked runs (candidate only)
+    checked: list  # [(input buffer index, output)] of the checked runs (candidate only)
     synced: list[float]  # wall ms of the synchronized checked runs
     checked_events: list[float]  # event ms of the same runs
     traced: list[float] = field(default_factory=list)  # event ms of the traced runs
@@ -98,19 +98,16 @@ class TimingPhases(Evaluation):
         if self.cuda:
             self.unmeasured_check(cand, ref)
             self.kernel_breakdown(cand, ref)
+            self.timing_cross_check()
         self.bandwidth_check()
-        # the checked runs: the candidate's outputs against the reference on the same values
-        self.settings.apply()
-        for j, (snapshot, out) in enumerate(cand.checked):
-            expected = self.call(self.reference, cloned(snapshot), "reference")
-            self.sync("reference")
-            failure = check_outputs(out, expected, opts, trial=j, seed=None, phase="timed_output")
-            if failure is not None:
-                failure.message = (
-                    f"checked timed run {j + 1} of {len(cand.checked)} (fresh inputs in a buffer "
-                    f"it had been timed on): {failure.message}"
-                )
-                self.incorrect(failure)
+        # the checked runs: the candidate's outputs, judged on the reference's side against
+        # the reference on the same values (regenerated there from the same seeds)
+        for j, (_, out) in enumerate(cand.checked):
+            judgement = self.judge.check("timed_output", j, 0, out, of=len(cand.checked))
+            if judgement.error:
+                self.stop("runtime_error", judgement.error)
+            if judgement.failure is not None:
+                self.incorrect(judgement.failure)
         cand.checked = []
         self.passed_guard("timed_output")
 
@@ -178,8 +175,9 @@ class TimingPhases(Evaluation):
         checked, synced, checked_events = [], [], []
         for k in range(sets):
             seed += 1
-            self.prepare_run(buffers[k], seed, opts.timed_runs + k)
-            snapshot = cloned(buffers[k]) if who == "candidate" else None
+            # the candidate's: the seed the reference's side regenerates these inputs from
+            fill = check_seed(opts, "timed_output", k) if who == "candidate" else seed
+            self.prepare_run(buffers[k], fill, opts.timed_runs + k)
             self.sync(who)
             if self.cuda:
                 start = torch.cuda.Event(enable_timing=True)
@@ -194,7 +192,7 @@ class TimingPhases(Evaluation):
             else:
                 out = self.call(model, buffers[k], who)
             if who == "candidate":
-                checked.append((snapshot, out))
+                checked.append((k, out))
             del out
         if who == "candidate":
             self.timed_buffers = buffers
@@ -306,6 +304,25 @@ class TimingPhases(Evaluation):
                 f"none of the GPU time is in the candidate's own kernels (ran: {names})",
             )
         self.passed_guard("no_own_kernels")
+
+    def timing_cross_check(self) -> None:
+        """The figure that decides the speedup, held against one the candidate's Python cannot
+        bend as easily: the timed runs' median event time against the GPU time CUPTI recorded
+        for its kernels per forward. Honest runs differ by CUPTI's overhead and clock drift
+        (percents); a forged or skipped timing differs by far more."""
+        r = self.result
+        busy = r.timing.get("cupti_busy_ms")
+        if busy is None or r.candidate_ms is None:
+            reason = r.timing.get("cupti", "CUPTI tracing unavailable")
+            self.skipped.setdefault("timing_mismatch", f"no CUPTI kernel records ({reason})")
+            return
+        if r.candidate_ms < 0.5 * busy - 0.002:
+            self.fire(
+                "timing_mismatch",
+                f"the timed runs' median is {r.candidate_ms:.4f} ms, but CUPTI recorded "
+                f"{busy:.4f} ms of GPU time per forward for its kernels",
+            )
+        self.passed_guard("timing_mismatch")
 
     def static_own_check(self) -> None:
         """Without CUPTI: does the candidate at least compile kernels of its own?"""

@@ -1,83 +1,93 @@
-"""The worker process: `python -m cudaforge.harness.worker REQUEST_FD RESULT_FD INDEX PARENT_PID`,
-started by a WorkerPool (pool.py). It imports torch once, then runs one evaluation per request
-(run_evaluation) and sends the result back; it retires itself after a crash or tampering, and it
-dies with the pool's process."""
+"""A candidate's worker process: `python -m cudaforge.harness.worker REQUEST RESULT TO_REFERENCE
+FROM_REFERENCE INDEX` (pipe fds), started ahead by a WorkerPool (pool.py) in the sandbox
+(processes.py). It becomes the reaper of its orphans, imports torch, creates the CUDA context and
+the L2 flush buffer, says it is ready, and waits. Then it runs exactly one evaluation
+(run_evaluation), its outputs judged by the reference process (host_copy.RemoteJudge), kills
+every process the candidate left (named in the result's notes), sends the result as a JSON
+frame, and exits: a process never runs a second candidate. It dies with the pool."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import signal
 import sys
-import threading
-import time
 
-from .pipes import PipeClosed, receive, send
-
-
-def _die_with_parent(parent: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills us with the parent
-    if os.getppid() != parent:
-        os._exit(1)
-
-    def watchdog() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watchdog, name="cudaforge-watchdog", daemon=True).start()
+from . import wire
+from .lifeline import die_with_pool
+from .sandbox import become_subreaper, kill_descendants
 
 
-def _child(requests: int, results: int, index: int, parent: int) -> None:
-    _die_with_parent(parent)
+def _warm_up() -> str:
+    """Everything an evaluation would otherwise start with: torch, the CUDA context, the L2
+    flush buffer. Returns the device, for the ready message."""
     import torch
     import torch.nn.functional
     import torch.utils.cpp_extension
 
     from ..profiling import profiler
-    from .evaluate import run_evaluation
+    from ..profiling.l2_flush import l2_flush
+    from .evaluate import run_evaluation  # noqa: F401 - imported now, not in the evaluation
 
     # this process profiles candidates and nothing else: keep the Range Profiler enabled
     profiler.KEEP_ENABLED = os.environ.get("CUDAFORGE_PROFILER_KEEP", "1") != "0"
+    if not torch.cuda.is_available():
+        return "cpu"
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.zeros(1, device=device)
+    l2_flush(device)  # allocated once per process: the evaluation finds it ready
+    return f"cuda:{device.index} {torch.cuda.get_device_name(device)}"
 
-    device = "cpu"
-    if torch.cuda.is_available():
-        torch.zeros(1, device="cuda")  # create the context now, not in the first evaluation
-        device = f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
-    send(results, {"type": "ready", "pid": os.getpid(), "device": device,
-                    "torch": torch.__version__})  # fmt: skip
-    while True:
-        try:
-            message = receive(requests)
-        except PipeClosed:
-            return
-        if message.get("type") == "stop":
-            return
-        if message.get("type") != "evaluate":
-            continue
-        print(f"--- evaluation of {message['problem'].name}", flush=True)
-        send(results, {"type": "phase", "phase": "accepted"})
 
-        def on_phase(phase: str) -> None:
-            send(results, {"type": "phase", "phase": phase})
+def _trimmed(result) -> dict:
+    """The result as data, its long texts cut to what the wire's schema takes."""
+    for name in ("compile_log", "traceback"):
+        text = getattr(result, name)
+        if len(text) > wire.MAX_TEXT:
+            setattr(result, name, text[-wire.MAX_TEXT :])
+    result.notes = [note[:4000] for note in result.notes]
+    return result.to_dict()
 
-        result = run_evaluation(message["problem"], message["source"], message["options"], on_phase)
-        result.worker = index
-        # a dead CUDA context, or a process whose functions the candidate replaced: not reusable
-        retire = result.status == "crashed" or "tampering" in result.guards
-        send(results, {"type": "result", "result": result.to_dict(), "retire": retire})
-        if retire:
-            sys.stdout.flush()
-            os._exit(0)  # exit without running any more CUDA calls (the context may be dead)
+
+def main(requests: int, results: int, to_reference: int, from_reference: int, index: int) -> None:
+    reaper = become_subreaper()
+    die_with_pool(requests)
+    device = _warm_up()
+    wire.send(results, {"type": "ready", "pid": os.getpid(), "device": device,
+                        "torch": sys.modules["torch"].__version__})  # fmt: skip
+    try:
+        message = wire.recv(requests)
+    except wire.PeerClosed:
+        return
+    if message.get("type") != "evaluate":
+        return
+    from .evaluate import run_evaluation
+    from .host_copy import RemoteJudge
+    from .options import options_from_dict
+    from .problem import Problem
+
+    problem = Problem.from_dict(message["problem"])
+    options = options_from_dict(message["options"])
+    print(f"--- evaluation of {problem.name}", flush=True)
+    wire.send(results, {"type": "phase", "phase": "accepted"})
+
+    def on_phase(phase: str) -> None:
+        wire.send(results, {"type": "phase", "phase": phase})
+
+    judge = RemoteJudge(to_reference, from_reference)
+    result = run_evaluation(problem, message["source"], options, on_phase, judge=judge)
+    result.worker = index
+    killed = kill_descendants()
+    if killed:
+        result.notes.append("processes the candidate left, killed: " + "; ".join(killed))
+    if not reaper:
+        result.notes.append("sandbox: could not become the subreaper of the candidate's orphans")
+    sys.stdout.flush()
+    wire.send(results, {"type": "result", "result": _trimmed(result)})
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 5:
-        sys.exit("usage: python -m cudaforge.harness.worker REQUEST_FD RESULT_FD INDEX PARENT_PID")
-    _child(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    if len(sys.argv) != 6:
+        sys.exit("usage: python -m cudaforge.harness.worker REQUEST RESULT TO_REFERENCE "
+                 "FROM_REFERENCE INDEX")  # fmt: skip
+    main(*(int(a) for a in sys.argv[1:]))
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown (CUDA and extension destructors) once done

@@ -1,0 +1,222 @@
+"""The reference's side of every comparison: the seeds each check draws its inputs from, the
+reference Model rebuilt from the problem and the seed, its outputs on inputs regenerated from
+those seeds, and the judgement of a candidate's outputs against them (outputs, and in the
+trials the inputs after the call). In a pool this runs in the reference process, which never
+imports a candidate (reference_process.py); run_evaluation alone runs it in its own process.
+
+The seeds are a function of the options the pool sends to both sides, never of what the
+candidate's process says: trial t draws from seed + t, the trials on extra sizes from
+seed + 50 000 + j, checked timed run k from seed + 250 000 + k, revalidation j from
+seed + 300 000 + j. The same seed on the same device gives the same inputs on both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .compare import changed_input, check_outputs, leaves
+from .guards import _TorchSettings
+from .options import EvalOptions
+from .problem import Problem
+from .results import TrialFailure
+
+PHASES = ("correctness", "timed_output", "revalidation")
+
+
+def check_seed(options: EvalOptions, phase: str, index: int) -> int:
+    """The seed of check `index` of `phase` (for correctness, indexes past options.trials are
+    the trials on options.extra_sizes)."""
+    if phase == "correctness":
+        extra = index - options.trials
+        return options.seed + index if extra < 0 else options.seed + 50_000 + extra
+    if phase == "timed_output":
+        return options.seed + 250_000 + index
+    if phase == "revalidation":
+        return options.seed + 300_000 + index
+    raise ValueError(f"no check phase {phase!r}; phases: {', '.join(PHASES)}")
+
+
+@dataclasses.dataclass
+class Judgement:
+    """The verdict on one output: `failure` (its outputs differ), `input_failure` (the inputs
+    after the call differ from the reference's, which changes them too), `fired` (guards:
+    input_mutated), `error` (the reference itself failed)."""
+
+    failure: TrialFailure | None = None
+    input_failure: TrialFailure | None = None
+    fired: dict[str, str] = dataclasses.field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not (self.failure or self.input_failure or self.fired or self.error)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Judgement:
+        def failure(d):
+            if not isinstance(d, dict):
+                return None
+            names = {f.name for f in dataclasses.fields(TrialFailure)}
+            return TrialFailure(**{k: v for k, v in d.items() if k in names})
+
+        return cls(
+            failure=failure(data.get("failure")),
+            input_failure=failure(data.get("input_failure")),
+            fired={str(k): str(v) for k, v in (data.get("fired") or {}).items()},
+            error=str(data.get("error") or ""),
+        )
+
+
+class ReferenceJudge:
+    """The reference Model(s) of one evaluation and the judgement of the candidate's outputs.
+    Never imports or runs a candidate."""
+
+    def __init__(self, problem: Problem, options: EvalOptions, device):
+        import torch
+
+        self.torch = torch
+        self.problem = problem
+        self.opts = options
+        self.device = device
+        self.settings = _TorchSettings(torch, options.allow_tf32)
+        self.models: dict[int, tuple[Problem, Any, Any]] = {}  # extra index (-1: main)
+        self.usable_extra: list[int] = []
+        self.skipped_extra: dict[int, str] = {}
+        self._cache: tuple[tuple, Any] | None = None
+
+    def build(self) -> None:
+        """The reference Model of the problem and of each extra size it can take (seeded like
+        the candidate's side). Raises what building the main problem raises."""
+        opts = self.opts
+        module = self.problem.build_module()
+        model = self.problem.make_model(self.device, opts.seed, module)
+        self.models[-1] = (self.problem, module, model)
+        for j, sizes in enumerate(opts.extra_sizes):
+            try:
+                problem = self.problem.with_sizes(**sizes)
+                module = problem.build_module()
+                model = problem.make_model(self.device, opts.seed, module)
+                problem.init_inputs(opts.seed, self.device, module)
+            except Exception as e:  # noqa: BLE001 - sizes the problem itself cannot take
+                self.skipped_extra[j] = f"{type(e).__name__}: {e}"
+                continue
+            self.models[j] = (problem, module, model)
+            self.usable_extra.append(j)
+
+    def close(self) -> None:
+        self.models.clear()
+        self._cache = None
+
+    # ------------------------------------------------------------------ the reference's runs
+
+    def _model_of(self, phase: str, index: int):
+        extra = index - self.opts.trials if phase == "correctness" else -1
+        if extra >= 0 and extra not in self.models:
+            raise KeyError(f"trial {index}: no extra sizes {extra} the problem can take")
+        return self.models[max(extra, -1)]
+
+    def expected(self, phase: str, index: int):
+        """(inputs before, inputs after, outputs) of the reference on check `index`'s inputs."""
+        key = (phase, index)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        problem, module, model = self._model_of(phase, index)
+        seed = check_seed(self.opts, phase, index)
+        base = problem.make_inputs(seed, self.device, module)
+        inputs = [v.clone() if isinstance(v, self.torch.Tensor) else v for v in base]
+        self.settings.apply()
+        with self.torch.no_grad():
+            out = model(*inputs)
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+        self._cache = (key, (base, inputs, out))
+        return base, inputs, out
+
+    def output_bytes(self) -> int:
+        """Bytes of the main problem's reference outputs (a bound for what a candidate sends)."""
+        _, _, out = self.expected("correctness", 0)
+        t = self.torch
+        return sum(v.numel() * v.element_size() for v in leaves(out) if isinstance(v, t.Tensor))
+
+    # ------------------------------------------------------------------ judging
+
+    def judge(self, phase: str, index: int, call: int, out, inputs=None, *, facts=None,
+              input_facts=None, of: int = 0) -> Judgement:  # fmt: skip
+        """The verdict on the candidate's output `out` of check `index` of `phase` (`call` 1 is
+        the second call of a trial), with `inputs` the candidate's inputs after the call."""
+        opts = self.opts
+        try:
+            base, ref_inputs, expected = self.expected(phase, index)
+        except Exception as e:  # noqa: BLE001 - the reference failing is said, not raised
+            text = " ".join(str(e).split())[:400]
+            return Judgement(error=f"the reference failed: {type(e).__name__}: {text}")
+        seed = check_seed(opts, phase, index)
+        if phase == "correctness":
+            failure = check_outputs(out, expected, opts, trial=index, seed=seed, facts=facts)
+            label = self._label(index)
+            if failure is not None:
+                failure.message = failure.message.replace(
+                    f"trial {index}", f"trial {index}{label}", 1
+                )
+                if call == 1:
+                    failure.message = (
+                        "second call: " + failure.message + " (the first call was right: "
+                        "state kept between calls, or a non-deterministic result)"
+                    )
+                return Judgement(failure=failure)
+            if inputs is None:
+                return Judgement()
+            return self._judge_inputs(index, seed, base, ref_inputs, inputs, input_facts)
+        if phase == "timed_output":
+            failure = check_outputs(out, expected, opts, trial=index, seed=None,
+                                    phase="timed_output", facts=facts)  # fmt: skip
+            if failure is not None:
+                failure.message = (
+                    f"checked timed run {index + 1} of {of} (fresh inputs in a buffer it had "
+                    f"been timed on): {failure.message}"
+                )
+            return Judgement(failure=failure)
+        failure = check_outputs(out, expected, opts, trial=index, seed=seed, phase="revalidation",
+                                facts=facts)  # fmt: skip
+        if failure is not None:
+            failure.message = (
+                f"after timing, on new values in a buffer it was timed on: {failure.message}"
+            )
+        return Judgement(failure=failure)
+
+    def check(self, phase: str, index: int, call: int, out, inputs=None, of: int = 0) -> Judgement:
+        """judge() in the candidate's own process (run_evaluation without a pool)."""
+        return self.judge(phase, index, call, out, inputs, of=of)
+
+    def _label(self, index: int) -> str:
+        extra = index - self.opts.trials
+        return f" with sizes {self.opts.extra_sizes[extra]}" if extra >= 0 else ""
+
+    def _judge_inputs(self, index, seed, base, ref_inputs, inputs, input_facts) -> Judgement:
+        """An input the candidate changed and the reference does not fires input_mutated; where
+        the reference changes it too, they must end up the same."""
+        if not isinstance(inputs, list) or len(inputs) != len(base):
+            return Judgement(fired={"input_mutated": f"trial {index}: the inputs after the "
+                                    "call are not the inputs it was given"})  # fmt: skip
+        try:
+            mutated = changed_input(base, inputs)
+        except (TypeError, RuntimeError) as e:  # an input replaced by another kind of value
+            return Judgement(fired={"input_mutated": f"trial {index}: an input came back as "
+                                    f"something else ({type(e).__name__})"})  # fmt: skip
+        if mutated is None:
+            return Judgement()
+        if changed_input(base, ref_inputs) is None:
+            return Judgement(fired={"input_mutated": f"trial {index}: input {mutated} was changed "
+                                    "by the candidate (the reference leaves it as it was)"})  # fmt: skip
+        failure = check_outputs(inputs, ref_inputs, self.opts, trial=index, seed=seed,
+                                facts=input_facts)  # fmt: skip
+        if failure is not None:
+            failure.message = "inputs after the call differ: " + failure.message
+        return Judgement(input_failure=failure)
+
+
+__all__ = ["PHASES", "Judgement", "ReferenceJudge", "check_seed"]
