@@ -32,13 +32,23 @@ SEGFAULT = GOOD.replace(
 )
 
 
-def stamped(log) -> str:
+def stamped(log, partner=None) -> str:
     """GOOD, but its __init__ sleeps 1 s and writes when it started and ended and which process
     it is (its start time in ticks since boot, PID namespace and pid: issue 17 starts each
     worker in a namespace of its own, where the host's pids, the actor's included, are not
-    visible, and namespaces' numbers are reused) to `log`."""
+    visible, and namespaces' numbers are reused) to `log`. With `partner` (the other candidate's
+    log) it first says it started and waits up to 20 s for the partner to start too: a worker
+    that starts late on a loaded 2-core machine still overlaps, while two evaluations run one
+    after the other still do not (the first ends before the second starts)."""
+    wait = ""
+    if partner is not None:
+        wait = (
+            f"open({str(log) + '.started'!r}, 'w').close(); d = time.time() + 20; "
+            "[time.sleep(0.05) for _ in iter(lambda: os.path.exists("
+            f"{str(partner) + '.started'!r}) or time.time() > d, True)]; "
+        )
     record = (
-        "t = time.time(); time.sleep(1.0); "
+        f"t = time.time(); {wait}time.sleep(1.0); "
         f"open({str(log)!r}, 'w').write(json.dumps({{'start': t, 'end': time.time(), "
         "'pid': open('/proc/self/stat').read().split(')')[-1].split()[19] + ' ' + "
         "os.readlink('/proc/self/ns/pid') + ' ' + str(os.getpid())}))"
@@ -63,7 +73,7 @@ def pool():
 def two_at_once(pool, tmp_path, tag: str) -> list[dict]:
     """Two stamped evaluations submitted together: what each candidate wrote, by actor slot."""
     logs = [tmp_path / f"{tag}{i}.json" for i in range(2)]
-    results = pool.map(PROBLEM, [stamped(log) for log in logs], **FAST)
+    results = pool.map(PROBLEM, [stamped(logs[0], logs[1]), stamped(logs[1], logs[0])], **FAST)
     assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
     assert {r.worker for r in results} == {0, 1}, "one actor took both"
     stamps = [json.loads(log.read_text()) for log in logs]
