@@ -79,3 +79,15 @@ def test_demo_falls_back_to_the_examples_with_a_note(tmp_path, monkeypatch):
     assert run_demo(out_dir=str(tmp_path / "demo"), runs_dir=tmp_path / "none") == 0
     report = (tmp_path / "demo" / "demo.md").read_text()
     assert "No recorded agent runs in" in report and "shipped hand-written examples" in report
+
+
+def test_runs_that_found_a_kernel_come_first(tmp_path):
+    """A TEST FIXTURE of two hand-made transcripts: the one without a correct kernel sorts first
+    by path, but the demo shows the one that found a kernel first."""
+    import json
+
+    records = [{"kind": "start", "problem": "p"}, {"kind": "llm", "role": "coder", "reply": ""}]
+    (tmp_path / "a_none.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    found = records + [{"kind": "best", "round": 1}]
+    (tmp_path / "b_found.jsonl").write_text("".join(json.dumps(r) + "\n" for r in found))
+    assert [p.name for p in recorded_runs(tmp_path)] == ["b_found.jsonl", "a_none.jsonl"]

@@ -122,7 +122,7 @@ def run_demo(
 
 def recorded_runs(folder: Path) -> list[Path]:
     """The loop transcripts under `folder` (a first record of kind "start" and a model's reply
-    in it), by path, at most MAX_REPLAYS."""
+    in it), those that found a correct kernel first, then by path; at most MAX_REPLAYS."""
     from ..agents.transcript import read_transcript
 
     found = []
@@ -136,8 +136,8 @@ def recorded_runs(folder: Path) -> list[Path]:
             and records[0].get("kind") == "start"
             and any(r.get("kind") == "llm" for r in records)
         ):
-            found.append(path)
-    return found[:MAX_REPLAYS]
+            found.append((not any(r.get("kind") == "best" for r in records), path))
+    return [path for _, path in sorted(found)][:MAX_REPLAYS]
 
 
 def _show_agents(runs: list[Path], gpu: bool, out: Path, lines: list[str]) -> bool:
