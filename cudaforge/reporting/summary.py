@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -25,7 +24,7 @@ from ..cli.bench import BenchRecord, read_results
 from .formatting import duration, percent, times, usable_speedup, usd
 from .html import summary_page
 from .markdown import summary_markdown
-from .speedups import BaselineStats, all_baselines
+from .speedups import BaselineStats, all_baselines, geomean, median
 
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 # what the paper reports (arXiv 2511.01884, abstract), shown beside our numbers for orientation
@@ -41,19 +40,6 @@ PAPER_NOTE = (
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
-def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered, middle = sorted(values), len(values) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def fast_p_label(p: float) -> str:
@@ -125,13 +111,13 @@ def summarize_group(label: str, level: int | None, records: list[BenchRecord]) -
         fast_p=fast,
         speedup_n=len(speedups),
         mean_speedup=_mean(speedups),
-        geomean_speedup=_geomean(speedups),
-        median_speedup=_median(speedups),
+        geomean_speedup=geomean(speedups),
+        median_speedup=median(speedups),
         mean_speedup_all=_mean(with_fallback),
-        geomean_speedup_all=_geomean(with_fallback),
+        geomean_speedup_all=geomean(with_fallback),
         compile_n=len(vs_compile),
         mean_speedup_vs_compile=_mean(vs_compile),
-        geomean_speedup_vs_compile=_geomean(vs_compile),
+        geomean_speedup_vs_compile=geomean(vs_compile),
         cost_usd_total=float(sum(costs)),
         cost_usd_per_kernel=_mean(costs),
         cost_known=len(costs),
