@@ -20,26 +20,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from test_worker import FAST, RELU  # the same small ReLU problem and fast options
 
 from cudaforge.harness.pool import WorkerPool
-from cudaforge.harness.problem import Problem
 from cudaforge.harness.secrets import register_secret
-
-FAST = {"trials": 2, "timed_runs": 4, "warmup": 1, "input_sets": 2}
-
-RELU = Problem.from_source(
-    """
-import torch
-class Model(torch.nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(8, 64)]
-def get_init_inputs():
-    return []
-""",
-    name="relu",
-)
 
 # Replaces the harness's checking functions wherever it finds them (module functions and the
 # evaluation's tampering check), then returns zeros: against checks made in its own process
