@@ -26,6 +26,7 @@ from cudaforge.agents.providers import ScriptedProvider
 from cudaforge.agents.target import this_machine_target
 from cudaforge.agents.transcript import read_transcript
 from cudaforge.cli.main import EXIT_WAITING, main
+from cudaforge.harness.options import DEFAULT_ATOL
 from cudaforge.harness.results import EvalResult
 from cudaforge.profiling.measurements import measurements_text
 
@@ -131,6 +132,10 @@ def test_the_coder_gets_the_target_and_the_judge_the_measurements(tmp_path):
     block = measurements_text(results[0])
     assert block in judge_prompt and len(block) <= 3000
     assert "metrics_requested" not in judge_prompt and "profile_s" not in judge_prompt
+    # the Judge is told the Coder's rules, with the harness's default float32 tolerance
+    tolerance = f"atol = rtol =\n{DEFAULT_ATOL['float32']:g} for float32"
+    assert "The rules the Coder works under" in judge_prompt and tolerance in judge_prompt
+    assert "{rules}" not in judge_prompt and "{float32_tolerance}" not in judge_prompt
 
 
 def test_bench_full_size_renders_the_problems_own_sizes_without_a_gpu(tmp_path, capsys):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import LLMError
+from ..harness.options import DEFAULT_ATOL
 from ..harness.results import EvalResult
 from ..profiling.measurements import measurements_text
 from .evidence import clip, failure_text, number_text
@@ -103,6 +104,11 @@ class Judge(Agent):
 
     role = "judge"
     templates: ClassVar[dict[str, str]] = {"repair": "judge_repair", "optimize": "judge_optimize"}
+
+    def messages(self, task: str, **values: str) -> Messages:
+        # the Coder's rules, one text for both tasks, with the harness's own default tolerance
+        rules = self.prompts.render("judge_rules", float32_tolerance=f"{DEFAULT_ATOL['float32']:g}")
+        return super().messages(task, rules=rules.strip(), **values)
 
 
 # ---------------------------------------------------------------- the loop

@@ -18,6 +18,7 @@ PROMPT_NAMES = (
     "coder_optimize",
     "judge_repair",
     "judge_optimize",
+    "judge_rules",
     "contract",
 )
 NO_CODE_ERROR = (
