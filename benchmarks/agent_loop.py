@@ -326,11 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         if not args.llm:
             raise SystemExit("agent_loop: --llm is needed to run (or --report-only)")
+        from cudaforge.cli.doctor import has_gpu
         from cudaforge.cli.main import main as cudaforge
 
         command = ["bench", str(write_problems(problems, out / "problems")),
                    "--results", str(results), "--llm", args.llm, "--rounds", str(args.rounds),
-                   "--jobs", str(args.jobs), "--full-size", "--target-gpu", H200]  # fmt: skip
+                   "--jobs", str(args.jobs), "--full-size"]  # fmt: skip
+        # prompts rendered here for the H200 describe it; on a GPU they describe that GPU
+        command += [] if has_gpu() else ["--target-gpu", H200]
         command += ["--judge", args.judge] if args.judge else []
         command += ["--no-profile"] if args.judge_metrics == "off" else []
         code = cudaforge(command)

@@ -135,3 +135,22 @@ def test_report_only_needs_no_gpu(tiny_run, tmp_path, capsys):
                             "--md", str(md), "--rounds", "2"])  # fmt: skip
     assert code == 0 and "8 problems, 0 with a transcript" in md.read_text()
     assert "| round | correct |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gpu_here", [False, True])
+def test_prompts_describe_the_h200_only_when_rendered_without_a_gpu(
+    tmp_path, monkeypatch, gpu_here
+):
+    """Rendered here (no GPU), the prompts describe the H200 that will evaluate them; where the
+    benchmark itself sees a GPU, they describe that GPU (this machine's facts), not the H200."""
+    import cudaforge.cli.doctor
+
+    monkeypatch.setattr(cudaforge.cli.doctor, "has_gpu", lambda: gpu_here)
+    out = tmp_path / "run"
+    code = agent_loop.main(["--set", "ablation8", "--rounds", "1", "--out", str(out),
+                            "--llm", f"file:{tmp_path / 'llm'}?wait=0"])  # fmt: skip
+    assert code == 4  # waiting for the Coder's replies
+    (prompt, *_) = sorted((tmp_path / "llm").rglob("coder-r1-l0.prompt.md"))
+    text = prompt.read_text()
+    assert (agent_loop.H200 in text) is not gpu_here
+    assert (cudaforge.cli.doctor.gpu_facts() in text) is gpu_here
