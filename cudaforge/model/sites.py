@@ -196,12 +196,7 @@ def _region_site(
         )
         if isinstance(value, nn.Module):
             raise NotExtractable(f"uses the module {node.target} as a value")
-        label = node.target.replace("_cf_constant_", "constant_")
-        names[node.target] = unique_name(python_name(label), taken)
-        if isinstance(value, nn.Parameter):
-            holder.register_parameter(names[node.target], value)
-        else:
-            holder.register_buffer(names[node.target], value)
+        _hold_attribute(holder, node.target, value, names, taken)
     for node in external:
         if node.meta.get("value", NOT_OBSERVED) is NOT_OBSERVED:
             raise NotExtractable(f"no observed value for {node.name}")
@@ -251,6 +246,17 @@ def _region_site(
     site.owner_training = owner.training
     source = problem_source(holder, problem_graph, f"cudaforge hot spot (chain): {label}", inputs)
     return Candidate(site, source)
+
+
+def _hold_attribute(holder: nn.Module, target: str, value, names: dict[str, str], taken: set[str]):
+    """Registers a get_attr's value on the problem's holder (a parameter stays a parameter),
+    under a free Python name that `names[target]` then gives."""
+    label = target.replace("_cf_constant_", "constant_")
+    names[target] = unique_name(python_name(label), taken)
+    if isinstance(value, nn.Parameter):
+        holder.register_parameter(names[target], value)
+    else:
+        holder.register_buffer(names[target], value)
 
 
 def _copy_node(graph: fx.Graph, node: fx.Node, env: dict, names: dict[str, str]) -> fx.Node:
@@ -407,12 +413,7 @@ def block_site(path: str, module: nn.Module, call: Call) -> Candidate:
                 if node.target in tracer.constants
                 else fetch_attribute(module, node.target)
             )
-            label = node.target.replace("_cf_constant_", "constant_")
-            names[node.target] = unique_name(python_name(label), taken)
-            if isinstance(value, nn.Parameter):
-                holder.register_parameter(names[node.target], value)
-            else:
-                holder.register_buffer(names[node.target], value)
+            _hold_attribute(holder, node.target, value, names, taken)
             env[node] = problem_graph.get_attr(names[node.target])
         elif node.op == "output":
             structure = _structure_of(call.output)
