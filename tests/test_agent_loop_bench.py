@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_demo import PROBLEM  # the same tiny ReLU problem
 
 from cudaforge.agents.providers import ScriptedProvider
 from cudaforge.cli.bench import BenchProblem, loop_forge, run_bench
@@ -15,16 +16,6 @@ from cudaforge.harness.results import EvalResult
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import agent_loop
-
-PROBLEM = """import torch
-class Model(torch.nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(8)]
-def get_init_inputs():
-    return []
-"""
 
 
 def candidate(tag: str) -> str:

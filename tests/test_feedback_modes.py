@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_demo import PROBLEM  # the same tiny ReLU problem
 
 import cudaforge.agents.loop as loop_module
 import cudaforge.cli.main as cli
@@ -20,15 +21,6 @@ from cudaforge.harness.results import EvalResult
 from cudaforge.model.optimize import _Run, optimize
 from cudaforge.reporting.summary import summarize
 
-PROBLEM = """import torch
-class Model(torch.nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(8)]
-def get_init_inputs():
-    return []
-"""
 CANDIDATE = "import torch\nclass ModelNew(torch.nn.Module):\n    pass\n"
 COMPILED_MS = 3.0
 
