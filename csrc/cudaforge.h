@@ -85,7 +85,18 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(cuStreamGetAttribute, 11000)                                                                 \
     X(cuStreamSetAttribute, 11000)                                                                 \
     X(cuMemGetInfo, 3020)                                                                          \
-    X(cuMemsetD32Async, 3020)
+    X(cuMemsetD32Async, 3020)                                                                      \
+    /* area.c: device memory shared with another process (virtual memory management) */           \
+    X(cuMemGetAllocationGranularity, 10020)                                                        \
+    X(cuMemCreate, 10020)                                                                          \
+    X(cuMemRelease, 10020)                                                                         \
+    X(cuMemExportToShareableHandle, 10020)                                                         \
+    X(cuMemImportFromShareableHandle, 10020)                                                       \
+    X(cuMemAddressReserve, 10020)                                                                  \
+    X(cuMemAddressFree, 10020)                                                                     \
+    X(cuMemMap, 10020)                                                                             \
+    X(cuMemUnmap, 10020)                                                                           \
+    X(cuMemSetAccess, 10020)
 
 #define CF_NVRTC_API(X)                                                                            \
     X(nvrtcVersion)                                                                                \
@@ -341,6 +352,7 @@ int cf_loader_exec(PyObject *m);
 int cf_compile_exec(PyObject *m);
 int cf_launch_exec(PyObject *m);
 int cf_device_exec(PyObject *m);
+int cf_area_exec(PyObject *m);
 int cf_timing_exec(PyObject *m);
 int cf_profiler_host_exec(PyObject *m);
 int cf_profiler_range_exec(PyObject *m);

@@ -70,6 +70,7 @@ static PyModuleDef_Slot cf_slots[] = {
     {Py_mod_exec, cf_compile_exec},
     {Py_mod_exec, cf_launch_exec},
     {Py_mod_exec, cf_device_exec},
+    {Py_mod_exec, cf_area_exec},
     {Py_mod_exec, cf_timing_exec},
     {Py_mod_exec, cf_profiler_host_exec},
     {Py_mod_exec, cf_profiler_range_exec},

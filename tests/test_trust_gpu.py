@@ -76,3 +76,15 @@ def test_a_wrong_kernel_after_it_in_the_same_pool_is_rejected(pool):
     r = pool.evaluate(RELU, HALF_KERNEL, **RUNS)
     assert r.status == "incorrect" and not r.correct, r.error
     assert r.failure is not None and "elements differ" in r.failure.message
+
+
+def test_outputs_reach_the_reference_in_gpu_memory_it_lent(pool):
+    """No host copy on a GPU: every judged output crossed in the reference's device area, and
+    a correct kernel still passes every check there."""
+    correct = HALF_KERNEL.replace("0.5f * x[i]", "x[i]")
+    r = pool.evaluate(RELU, correct, **RUNS)
+    assert r.status == "ok" and r.correct, r.error
+    crossed = [n for n in r.notes if n.startswith("outputs judged in the reference process")]
+    assert crossed, r.notes
+    lent = int(crossed[0].split(": ")[1].split(" ")[0])
+    assert lent >= 2 * RUNS["trials"] and ", 0 as host copies" in crossed[0], crossed[0]

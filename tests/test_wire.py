@@ -344,3 +344,74 @@ def test_a_result_without_its_problem_or_not_an_object():
         validate_result({"status": "ok"})
     with pytest.raises(ValueError, match="^result: expected a EvalResult object, got list"):
         validate_result([])
+
+
+# ---------------------------------------------------------------- device areas (CPU stand-in)
+
+
+class _Area:
+    """What recv_tensors needs of a lent area: its size and views of it (here host bytes)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.bytes = torch.zeros(size, dtype=torch.uint8)
+
+    def view(self, offset: int, nbytes: int):
+        return self.bytes[offset : offset + nbytes]
+
+
+def test_area_layout_aligns_every_tensor():
+    offsets, span = wire.area_layout([4, 0, 300, 256])
+    assert offsets == [0, 256, 256, 768]
+    assert span == 1024
+    assert all(o % wire.AREA_ALIGN == 0 for o in offsets)
+
+
+def test_tensors_in_an_area_are_read_at_the_layouts_offsets(pipe):
+    a, b = torch.arange(10, dtype=torch.float32), torch.arange(6, dtype=torch.int64).reshape(2, 3)
+    area = _Area(1024)
+    offsets, _ = wire.area_layout([a.numel() * 4, b.numel() * 8])
+    area.view(offsets[0], 40).copy_(a.view(torch.uint8))
+    area.view(offsets[1], 48).copy_(b.reshape(-1).view(torch.uint8))
+    wire.send_in_area(pipe["write"], {"type": "check"}, [("float32", [10]), ("int64", [2, 3])])
+    header, got = recv_tensors(pipe["read"], time.monotonic() + 5, area=area)
+    assert header == {"type": "check"}
+    assert torch.equal(got[0][2].view(torch.float32), a)
+    assert torch.equal(got[1][2].view(torch.int64).reshape(2, 3), b)
+
+
+def test_tensors_in_an_area_never_lent_or_too_small_are_refused(pipe):
+    wire.send_in_area(pipe["write"], {}, [("float32", [100])])
+    with pytest.raises(WireError, match="none was lent"):
+        recv_tensors(pipe["read"], time.monotonic() + 5)
+    wire.send_in_area(pipe["write"], {}, [("float32", [100])])
+    with pytest.raises(WireError, match="512 bytes in a device area of 256"):
+        recv_tensors(pipe["read"], time.monotonic() + 5, area=_Area(256))
+    send(pipe["write"], {"tensors": [], "in_area": "yes"})
+    with pytest.raises(WireError, match="in_area"):
+        recv_tensors(pipe["read"], time.monotonic() + 5)
+
+
+def test_a_descriptor_crosses_a_unix_socket():
+    import socket
+
+    from cudaforge.harness.area import recv_fd, send_fd
+
+    ours, theirs = socket.socketpair()
+    read, write = os.pipe()
+    try:
+        send(ours.fileno(), {"type": "area", "ok": True, "size": 4})
+        send_fd(ours.fileno(), write)
+        assert recv(theirs.fileno(), time.monotonic() + 5)["size"] == 4
+        got = recv_fd(theirs.fileno())
+        os.write(got, b"hi")
+        os.close(got)
+        assert os.read(read, 2) == b"hi"
+        ours.send(b"A")  # the marker without a descriptor
+        with pytest.raises(WireError, match="one file descriptor"):
+            recv_fd(theirs.fileno())
+    finally:
+        for end in (ours, theirs):
+            end.close()
+        os.close(read)
+        os.close(write)

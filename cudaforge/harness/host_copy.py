@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 from typing import Any
 
 from . import wire
@@ -31,7 +32,8 @@ class Opaque:
 
 
 def pack(value, tensors: list) -> Any:
-    """The JSON tree of `value`; its tensors' (dtype, shape, host bytes) appended to `tensors`."""
+    """The JSON tree of `value`; its tensors' (dtype, shape, tensor) appended to `tensors`, the
+    tensor detached where it lies (`host_bytes` or a device area takes it from there)."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -47,8 +49,7 @@ def pack(value, tensors: list) -> Any:
         copyable = value.layout == torch.strided and value.device.type != "meta"
         if not copyable or facts["dtype"] not in wire.ITEMSIZE:
             return {"tensor": None, **facts}
-        host = torch.Tensor.contiguous(torch.Tensor.cpu(torch.Tensor.detach(value)))
-        tensors.append((facts["dtype"], facts["shape"], _host_bytes(host)))
+        tensors.append((facts["dtype"], facts["shape"], torch.Tensor.detach(value)))
         return {"tensor": len(tensors) - 1, **facts}
     if isinstance(value, tuple):
         return {"tuple": [pack(v, tensors) for v in value]}
@@ -61,8 +62,12 @@ def pack(value, tensors: list) -> Any:
     return {"object": type(value).__name__}
 
 
-def _host_bytes(host):
-    """The bytes of a contiguous CPU tensor, without a copy (the view keeps the tensor alive)."""
+def host_bytes(tensor):
+    """The bytes of `tensor` in host memory, C order (no copy for a contiguous CPU tensor; the
+    view keeps the tensor alive)."""
+    import torch
+
+    host = torch.Tensor.contiguous(torch.Tensor.cpu(tensor))
     nbytes = host.numel() * host.element_size()
     if not nbytes:
         return b""
@@ -95,6 +100,8 @@ def _unpack(tree: Any, tensors: list, device, facts: list, depth: int):
             raise wire.WireError(f"an output names tensor {str(index)[:20]}, which was not sent")
         dtype_name, shape, data = tensors[index]
         dtype = getattr(torch, dtype_name)
+        if isinstance(data, torch.Tensor):  # bytes in a device area: a snapshot of our own
+            return data.clone().view(dtype).reshape(shape)
         if not data:
             return torch.empty(shape, dtype=dtype, device=device)
         flat = torch.frombuffer(data, dtype=torch.uint8).view(dtype)
@@ -126,12 +133,15 @@ def _unpack(tree: Any, tensors: list, device, facts: list, depth: int):
 
 class RemoteJudge:
     """The candidate process's side of the comparison: each output (with the inputs after the
-    call, in the trials) goes to the reference process as a host copy; the verdict comes back.
-    The candidate's process acts on it, but the pool takes the verdict from the reference."""
+    call, in the trials) goes to the reference process, in a device area it lends when they are
+    on a GPU (area.py), else as a host copy; the verdict comes back. The candidate's process
+    acts on it, but the pool takes the verdict from the reference."""
 
     def __init__(self, to_reference: int, from_reference: int):
         self.to_reference = to_reference
-        self.from_reference = from_reference
+        self.from_reference = from_reference  # a Unix socket: a lent area's descriptor comes on it
+        self.area = None
+        self.area_refused = ""  # why the reference lent none; host copies from then on
 
     def check(self, phase: str, index: int, call: int, out, inputs=None, of: int = 0) -> Judgement:
         tensors: list = []
@@ -139,11 +149,53 @@ class RemoteJudge:
                   "outputs": pack(out, tensors)}  # fmt: skip
         header["inputs"] = None if inputs is None else pack(list(inputs), tensors)
         try:
-            wire.send_tensors(self.to_reference, header, tensors)
+            if not self._send_in_area(header, tensors):
+                host = [(d, shape, host_bytes(t)) for d, shape, t in tensors]
+                wire.send_tensors(self.to_reference, header, host)
             reply = wire.recv(self.from_reference)
-        except (OSError, wire.PeerClosed) as e:
+        except (OSError, wire.PeerClosed, wire.WireError) as e:
             raise RuntimeError(f"the reference process is gone ({e})") from None
         return Judgement.from_dict(reply)
 
+    def _send_in_area(self, header: dict, tensors: list) -> bool:
+        """Copy the tensors into the lent area (asking for one first) and send the header; False
+        where they go as host copies instead (not all on one GPU, or no area)."""
+        import torch
 
-__all__ = ["Opaque", "RemoteJudge", "pack", "unpack"]
+        if self.area_refused or not tensors:
+            return False
+        devices = {t.device for _, _, t in tensors}
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            return False
+        device = next(iter(devices))
+        sizes = [t.numel() * t.element_size() for _, _, t in tensors]
+        offsets, span = wire.area_layout(sizes)
+        if (self.area is None or self.area.size < span) and not self._borrow(span, device):
+            return False
+        for (_, _, t), offset, n in zip(tensors, offsets, sizes):
+            if n:
+                flat = torch.Tensor.contiguous(t).reshape(-1).view(torch.uint8)
+                self.area.view(offset, n).copy_(flat)
+        torch.cuda.synchronize(device)
+        wire.send_in_area(self.to_reference, header, [(d, shape) for d, shape, _ in tensors])
+        return True
+
+    def _borrow(self, nbytes: int, device) -> bool:
+        from .area import DeviceArea, recv_fd
+
+        wire.send(self.to_reference, {"type": "area", "bytes": nbytes})
+        reply = wire.recv(self.from_reference)
+        if not reply.get("ok"):
+            self.area_refused = str(reply.get("why") or "refused")
+            return False
+        fd = recv_fd(self.from_reference)
+        try:
+            if self.area is not None:
+                self.area.free()
+            self.area = DeviceArea.adopt(fd, int(reply["size"]), device)
+        finally:
+            os.close(fd)
+        return True
+
+
+__all__ = ["Opaque", "RemoteJudge", "host_bytes", "pack", "unpack"]

@@ -5,11 +5,12 @@ point are refused at import (`_NoCandidates`), the one place a candidate is exec
 (correctness.py's load) refuses to run in this process (NEVER_RUNS_CANDIDATES), and a request
 that carries a candidate's source ends the process.
 
-For each evaluation the pool sends "begin" (the problem and the options, as JSON) with two pipe
-ends to the candidate's worker (SCM_RIGHTS over the control socket). The process rebuilds the
-reference Model, then answers each output the worker sends (host copies, wire.recv_tensors,
-their total size bounded by the reference's own outputs) with a Judgement: first to the pool
-("checked"), then to the worker. "end" closes the pipes and frees the models ("ended")."""
+For each evaluation the pool sends "begin" (the problem and the options, as JSON) with the two
+ends of the channel to the candidate's worker (a pipe from it, a Unix socket to it) (SCM_RIGHTS over the control socket). The process rebuilds the
+reference Model, then answers each output the worker sends (in a device area it lends the
+worker on a GPU, area.py, else as host copies; wire.recv_tensors, their total size bounded by
+the reference's own outputs) with a Judgement: first to the pool ("checked"), then to the
+worker. "end" closes the pipes, frees the models and the area ("ended")."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ NEVER_RUNS_CANDIDATES = True
 # a candidate's worker: its entry point, and the module each candidate's code becomes
 CANDIDATE_MODULES = ("cudaforge.harness.worker",)
 CANDIDATE_PREFIX = "cudaforge_candidate_"
+MAX_AREAS = 4  # device areas one evaluation may ask for (a larger output asks again)
 
 
 class _NoCandidates(importlib.abc.MetaPathFinder):
@@ -71,6 +73,8 @@ class ReferenceProcess:
         if torch.cuda.is_available():
             self.device = torch.device("cuda", torch.cuda.current_device())
             torch.zeros(1, device=self.device)  # the context now, not in the first evaluation
+        self.area = None  # the device area lent for the current evaluation (area.py)
+        self.areas_lent = 0
 
     def run(self) -> None:
         wire.send(self.control, {"type": "ready", "pid": os.getpid(), "role": "reference",
@@ -102,6 +106,7 @@ class ReferenceProcess:
 
         torch = self.torch
         judge = None
+        self.areas_lent = 0
         try:
             problem = Problem.from_dict(message["problem"])
             options = options_from_dict(message["options"])
@@ -128,8 +133,13 @@ class ReferenceProcess:
             if limit is None:
                 limit = self.size_limit(judge)
             try:
-                header, tensors = wire.recv_tensors(from_candidate, time.monotonic() + 1.0,
-                                                    max_bytes=limit)  # fmt: skip
+                header = wire.recv(from_candidate, time.monotonic() + 1.0)
+                if header.get("type") == "area":
+                    self.lend_area(header, limit, to_candidate)
+                    continue
+                via = "area" if header.get("in_area") is True else "host"
+                header, tensors = wire.read_tensors(from_candidate, header, time.monotonic() + 1.0,
+                                                    max_bytes=limit, area=self.area)  # fmt: skip
                 phase, index, call, of = _check_header(header)
                 judgement = self.judge(judge, header, tensors, phase, index, call, of)
             except wire.PeerClosed:
@@ -139,7 +149,7 @@ class ReferenceProcess:
                 wire.send(self.control, {"type": "broken", "reason": str(e)[:1000]})
                 reading = False
                 continue
-            report = {"phase": phase, "index": index, "call": call, "of": of,
+            report = {"phase": phase, "index": index, "call": call, "of": of, "via": via,
                       "judgement": judgement.to_dict()}  # fmt: skip
             wire.send(self.control, {"type": "checked", **report})  # the pool hears it first
             try:
@@ -152,9 +162,50 @@ class ReferenceProcess:
             judge.settings.restore()
             judge.close()
         gc.collect()
+        self.free_area()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         wire.send(self.control, {"type": "ended"})
+
+    def lend_area(self, header: dict, limit: int, to_candidate: int) -> None:
+        """Answer a worker's request for a device area of `bytes` (at most `limit`): a new area
+        and its descriptor, or why not (the worker then sends host copies). WireError for a
+        request that is not well formed, or past the few an evaluation needs."""
+        nbytes = header.get("bytes")
+        if type(nbytes) is not int or not 0 < nbytes <= limit:
+            raise wire.WireError(f"a device area of {str(nbytes)[:30]} bytes (limit {limit})")
+        self.areas_lent += 1
+        if self.areas_lent > MAX_AREAS:
+            raise wire.WireError(f"more than {MAX_AREAS} device areas asked for in one evaluation")
+        why = ""
+        if self.device.type != "cuda":
+            why = "the reference runs on the CPU"
+        else:
+            from ..errors import CudaforgeError
+            from .area import DeviceArea
+
+            self.free_area()
+            try:
+                self.area, fd = DeviceArea.create(nbytes, self.device)
+            except (CudaforgeError, RuntimeError) as e:
+                why = f"{type(e).__name__}: {e}"[:500]
+        report = {"type": "lent", "bytes": nbytes, "why": why}
+        wire.send(self.control, report)
+        if why:
+            wire.send(to_candidate, {"type": "area", "ok": False, "why": why})
+            return
+        from .area import send_fd
+
+        try:
+            wire.send(to_candidate, {"type": "area", "ok": True, "size": self.area.size})
+            send_fd(to_candidate, fd)
+        finally:
+            os.close(fd)
+
+    def free_area(self) -> None:
+        if self.area is not None:
+            area, self.area = self.area, None
+            area.free()
 
     def size_limit(self, judge) -> int:
         """The most bytes one check may send: several times the reference's inputs and

@@ -44,7 +44,8 @@ class CandidateWorker:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()  # worker -> reference: outputs
-        back_r, back_w = os.pipe()  # reference -> worker: verdicts
+        # reference -> worker: verdicts, and a lent device area's descriptor (area.py)
+        back_r, back_w = (end.detach() for end in socket.socketpair())
         log = slot.log_dir / f"worker{slot.index}-{generation}.log"
         ends = (req_r, res_w, out_w, back_r)
         try:
@@ -282,7 +283,10 @@ class Slot:
         if kind == "checked":
             judgement = Judgement.from_dict(report.get("judgement") or {})
             verdict.record(str(report.get("phase")), int(report.get("index", -1)),
-                           int(report.get("call", -1)), int(report.get("of", 0)), judgement)  # fmt: skip
+                           int(report.get("call", -1)), int(report.get("of", 0)), judgement,
+                           via=str(report.get("via", "host")))  # fmt: skip
+        elif kind == "lent":
+            verdict.lent(int(report.get("bytes") or 0), str(report.get("why") or "")[:500])
         elif kind == "begun":
             verdict.usable_extra = list(report.get("usable_extra") or [])
         elif kind == "broken":

@@ -27,8 +27,13 @@ class Verdict:
         self.fired: dict[str, str] = {}
         self.error = ""
         self.broken = ""  # the candidate's process broke the protocol to the reference
+        self.crossed = {"area": 0, "host": 0}  # how the judged outputs reached the reference
+        self.area_refused = ""
 
-    def record(self, phase: str, index: int, call: int, of: int, judgement: Judgement) -> None:
+    def record(self, phase: str, index: int, call: int, of: int, judgement: Judgement,
+               via: str = "host") -> None:  # fmt: skip
+        if via in self.crossed:
+            self.crossed[via] += 1
         if judgement.passed:
             self.passed.add((phase, index, call))
             if phase == "timed_output":
@@ -40,6 +45,22 @@ class Verdict:
             if guard in GUARDS:
                 self.fired.setdefault(guard, detail)
         self.error = self.error or judgement.error
+
+    def lent(self, nbytes: int, why: str) -> None:
+        """The reference process lent a device area of `nbytes` (or, with `why`, did not)."""
+        if why:
+            self.area_refused = why
+
+    def crossing_note(self) -> str:
+        """How the outputs reached the reference process, for the result's notes."""
+        area, host = self.crossed["area"], self.crossed["host"]
+        if not area and not self.area_refused:
+            return ""
+        note = (f"outputs judged in the reference process: {area} from GPU memory it lent the "
+                f"worker, {host} as host copies")  # fmt: skip
+        if self.area_refused:
+            note += f" (no device area: {self.area_refused})"
+        return note
 
     # ------------------------------------------------------------------ what is missing
 
@@ -70,6 +91,9 @@ class Verdict:
 
     def apply(self, result: EvalResult) -> None:
         """Make `result` (the candidate process's claim) say what the reference judged."""
+        note = self.crossing_note()
+        if note and note not in result.notes:
+            result.notes.append(note)
         if self.broken:
             _crashed(result, f"the candidate's process broke the protocol to the reference "
                      f"process ({self.broken}); it was killed")  # fmt: skip

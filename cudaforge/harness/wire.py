@@ -7,7 +7,9 @@ which `recv` reads back and which no other token can be mistaken for; `validate_
 says where a non-finite number is allowed. Tensors cross as a message whose "tensors" entry
 lists each one's dtype, shape and byte count, then one raw frame per tensor (little-endian
 bytes); the receiver checks every size before it allocates anything, so a worker that lies
-about sizes gets a `WireError`, not a crash or a huge allocation.
+about sizes gets a `WireError`, not a crash or a huge allocation. On a GPU the bytes may lie in
+a device area the receiver lent instead (area.py): the message says "in_area", and each tensor
+sits at the offset `area_layout` gives, which both sides compute from the sizes alone.
 
 A process that ran a candidate may send anything: whatever `recv` returns is plain data (dicts,
 lists, strings, numbers), and results are checked with `validate_result` before use.
@@ -45,6 +47,8 @@ ITEMSIZE = {
     "int64": 8, "uint64": 8, "float64": 8, "complex64": 8,
     "complex128": 16,
 }  # fmt: skip
+
+AREA_ALIGN = 256  # bytes: where each tensor starts in a device area
 
 _LENGTH = struct.Struct(">Q")
 
@@ -203,19 +207,61 @@ def send_tensors(fd: int, header: dict, tensors: Sequence[tuple[str, Sequence[in
         _write_all(fd, view)
 
 
+def area_layout(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """(offsets, span): tensors of `sizes` bytes laid one after another in a device area, each
+    starting at a multiple of AREA_ALIGN."""
+    offsets, end = [], 0
+    for n in sizes:
+        offsets.append(end)
+        end += -(-n // AREA_ALIGN) * AREA_ALIGN
+    return offsets, end
+
+
+def send_in_area(fd: int, header: dict, specs: Sequence[tuple[str, Sequence[int]]]) -> None:
+    """Send `header` for tensors of `specs` ((dtype, shape) pairs) whose bytes the sender has
+    already written into the receiver's device area, at area_layout's offsets."""
+    if "tensors" in header or "in_area" in header:
+        raise ValueError('the header has its own "tensors" or "in_area" entry')
+    listed = []
+    for i, (dtype, shape) in enumerate(specs):
+        nbytes = _tensor_bytes(dtype, list(shape), f"tensor {i}")
+        listed.append({"dtype": dtype, "shape": list(shape), "nbytes": nbytes})
+    send(fd, {**header, "tensors": listed, "in_area": True})
+
+
 def recv_tensors(
     fd: int,
     deadline: float | None = None,
     *,
     expect: Sequence[tuple[str, Sequence[int]]] | None = None,
     max_bytes: int = MAX_TENSOR_BYTES,
-) -> tuple[dict, list[tuple[str, tuple[int, ...], bytearray]]]:
+    area: Any = None,
+) -> tuple[dict, list[tuple[str, tuple[int, ...], Any]]]:
+    """read_tensors of the next message on `fd`."""
+    header = recv(fd, deadline)
+    return read_tensors(fd, header, deadline, expect=expect, max_bytes=max_bytes, area=area)
+
+
+def read_tensors(
+    fd: int,
+    header: dict,
+    deadline: float | None = None,
+    *,
+    expect: Sequence[tuple[str, Sequence[int]]] | None = None,
+    max_bytes: int = MAX_TENSOR_BYTES,
+    area: Any = None,
+) -> tuple[dict, list[tuple[str, tuple[int, ...], Any]]]:
     """(header, [(dtype, shape, data)]) sent by `send_tensors`; "tensors" is taken out of the
     header. Every size is checked before anything is allocated: the dtypes and shapes must be
     well formed, each byte count must match its shape, all of them together at most `max_bytes`,
     and, when `expect` lists (dtype, shape) pairs (e.g. the reference's outputs), equal to it.
-    WireError otherwise. `data` is a writable bytearray (torch.frombuffer takes it as is)."""
-    header = recv(fd, deadline)
+    WireError otherwise. `data` is a writable bytearray (torch.frombuffer takes it as is), or,
+    for a message sent with `send_in_area`, `area.view(offset, nbytes)` of the `area` lent to
+    the sender (WireError when none was, or when the tensors do not fit in it). `header` is the
+    message already received; its tensors' frames follow it on `fd`."""
+    in_area = header.pop("in_area", False)
+    if in_area not in (True, False):
+        raise WireError('an "in_area" entry that is not true or false')
     listed = header.pop("tensors", None)
     if not isinstance(listed, list) or len(listed) > MAX_TENSORS:
         raise WireError(f'the header has no "tensors" list of at most {MAX_TENSORS} entries')
@@ -242,6 +288,16 @@ def recv_tensors(
         total += nbytes
         if total > max_bytes:
             raise WireError(f"tensors of more than {max_bytes} bytes in one message")
+    if in_area:
+        if area is None:
+            raise WireError("tensors said to be in a device area, but none was lent")
+        offsets, span = area_layout([entry["nbytes"] for entry in listed])
+        if span > area.size:
+            raise WireError(f"tensors of {span} bytes in a device area of {area.size}")
+        return header, [
+            (entry["dtype"], tuple(entry["shape"]), area.view(offset, entry["nbytes"]))
+            for entry, offset in zip(listed, offsets)
+        ]
     body_deadline = None if deadline is None else max(deadline, time.monotonic() + BODY_GRACE)
     tensors = []
     for i, entry in enumerate(listed):
@@ -373,11 +429,14 @@ __all__ = [
     "PeerClosed",
     "TruncatedFrame",
     "WireError",
+    "area_layout",
     "decode",
     "encode",
+    "read_tensors",
     "recv",
     "recv_tensors",
     "send",
+    "send_in_area",
     "send_tensors",
     "validate_result",
 ]
