@@ -98,7 +98,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="passes over the problems")
     parser.add_argument("--timed-runs", type=int, default=100)
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--spares", type=int, default=1, help="workers started ahead per slot")
+    parser.add_argument("--spares", type=int, default=None,
+                        help="workers started ahead per slot (default: the pool's)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     import torch

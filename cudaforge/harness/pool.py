@@ -142,7 +142,9 @@ class WorkerPool(QueuedPool):
     Options are evaluate()'s (cudaforge.harness.options.EvalOptions); `timeout` and `compile_timeout`
     default to the pool's. `spares`: worker processes each slot keeps started ahead (each
     candidate gets a fresh one); more keep a fast stream of short evaluations from waiting for
-    a worker to start, at the memory (and CUDA context) of one process each."""
+    a worker to start, at the memory (and CUDA context) of one process each. The default (None)
+    is 3 on a GPU slot of a machine with at least 4 cores per slot, else 1: a worker takes
+    about 4 s to start on the H200 and a short evaluation about 1 s (benchmarks/RESULTS.md)."""
 
     def __init__(
         self,
@@ -153,7 +155,7 @@ class WorkerPool(QueuedPool):
         compile_timeout: float = 300.0,
         start_timeout: float = 300.0,
         log_dir: str | os.PathLike | None = None,
-        spares: int = 1,
+        spares: int | None = None,
     ):
         self.timeout = timeout
         self.compile_timeout = compile_timeout
@@ -165,6 +167,9 @@ class WorkerPool(QueuedPool):
         slots = _plan_workers(workers, device)
         if not slots:
             raise ValueError("a worker pool needs at least one worker")
+        if spares is None:
+            cores_per_slot = (os.cpu_count() or 1) // len(slots)
+            spares = 3 if cores_per_slot >= 4 and slots[0][1] != "cpu" else 1
         self._workers = [
             Slot(i, env, dev, self.log_dir, start_timeout, spares)
             for i, (env, dev) in enumerate(slots)

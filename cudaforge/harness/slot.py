@@ -260,6 +260,8 @@ class Slot:
             elif kind == "result":
                 try:
                     data = wire.validate_result(message.get("result"))
+                    if data.get("status") == "crashed":  # a sticky CUDA error: it is replaced
+                        self.restarts += 1
                     return EvalResult.from_dict(redact_all(data))
                 except (ValueError, TypeError) as e:
                     return self._liar(worker, failed, f"a result that fails the schema ({e})")
