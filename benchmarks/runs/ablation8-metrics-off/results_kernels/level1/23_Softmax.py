@@ -56,7 +56,9 @@ namespace cg = cooperative_groups;
 #define CLUSTER 8
 
 // grid = (CLUSTER, gy); the 8 CTAs of a cluster share one row (blockIdx.y), each one
-// holding a chunk of chunk4 float4s in shared memory.
+// holding a chunk of chunk4 float4s in shared memory. Each cluster loops over rows
+// row = blockIdx.y, blockIdx.y + gy, ...; the next row's chunk is prefetched into L2
+// while the current row is reduced and written.
 // prm = {rows, dim4, chunk4}
 template <int BS>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(BS, 1)
@@ -87,7 +89,7 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
         const float4* xr = x4 + base;
         float4* yr = y4 + base;
 
-        // ---- pass 1: HBM -> smem, online max / sum-exp ----
+        // ---- pass 1: HBM/L2 -> smem, online max / sum-exp ----
         float m = NEG_INF, s = 0.f;
         int i = tid;
         for (; i + 3 * BS < n; i += 4 * BS) {
@@ -110,8 +112,23 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
             update4(m, s, v);
         }
 
-        // ---- CTA reduction, then cluster reduction through DSMEM ----
+        // ---- CTA reduction ----
         block_combine(m, s, red_m, red_s);
+
+        // ---- prefetch this CTA's chunk of the next row into L2 (fire-and-forget) ----
+        {
+            const int nrow = row + (int)gridDim.y;
+            if (nrow < rows && n > 0) {
+                const char* pf = reinterpret_cast<const char*>(
+                    x4 + (size_t)nrow * (size_t)dim4 + (size_t)start);
+                const int lines = (n * 16 + 127) >> 7;   // 128-byte lines of this chunk
+                for (int l = tid; l < lines; l += BS)
+                    asm volatile("prefetch.global.L2::evict_last [%0];"
+                                 :: "l"(pf + ((size_t)l << 7)));
+            }
+        }
+
+        // ---- cluster reduction through DSMEM ----
         if (tid == 0) { part_m[par] = m; part_s[par] = s; }
         cluster.sync();
         if (tid < 32) {
@@ -127,7 +144,7 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
         const float M = fin[0];
         const float inv = fin[1];
 
-        // ---- pass 2: smem -> HBM ----
+        // ---- pass 2: smem -> HBM, streaming stores (do not evict the prefetched row) ----
 #pragma unroll 4
         for (i = tid; i < n; i += BS) {
             float4 v = sbuf[i];
@@ -135,7 +152,7 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
             v.y = __expf(v.y - M) * inv;
             v.z = __expf(v.z - M) * inv;
             v.w = __expf(v.w - M) * inv;
-            yr[i] = v;
+            __stcs(yr + i, v);
         }
         par ^= 1;   // double-buffered partials: one cluster barrier per row is enough
     }
@@ -171,6 +188,7 @@ _BS = 1024
 _CLUSTER = 8
 _MAX_DYN_SMEM = 220 * 1024          # per-CTA slice limit for the cluster path
 _MIN_CLUSTER_DIM = 32768
+_ROWS_PER_CLUSTER = 4
 _KERNELS = None
 
 
@@ -178,7 +196,7 @@ def _get_kernels():
     global _KERNELS
     if _KERNELS is None:
         name = "softmax_cluster<%d>" % _BS
-        cmod = cudaforge.compile(_CLUSTER_SRC, name="softmax_cluster.cu",
+        cmod = cudaforge.compile(_CLUSTER_SRC, name="softmax_cluster_pf.cu",
                                  name_expressions=[name])
         gmod = cudaforge.compile(_GENERIC_SRC, name="softmax_generic.cu")
         _KERNELS = (cmod.kernel(name), gmod.softmax_rows_generic)
@@ -208,7 +226,9 @@ class ModelNew(nn.Module):
             if (smem <= _MAX_DYN_SMEM and x2.data_ptr() % 16 == 0
                     and y2.data_ptr() % 16 == 0):
                 prm = self._params(R, dim4, chunk4, x2.device)
-                gy = min(R, 65535)
+                # several rows per cluster: the row loop lets each cluster prefetch
+                # its next row into L2 while finishing the current one
+                gy = min(65535, max(1, (R + _ROWS_PER_CLUSTER - 1) // _ROWS_PER_CLUSTER))
                 cluster_k((_CLUSTER, gy, 1), (_BS, 1, 1), (x2, y2, prm), shared_mem=smem)
                 return
         threads = min(1024, max(32, ((D + 31) // 32) * 32))

@@ -21,6 +21,7 @@ __device__ __forceinline__ float4 relu4(float4 v) {
 
 // Each block handles ITEMS * blockDim.x float4 elements; the scalar tail
 // (n - 4*n4 < 4 elements) is handled by block 0.
+// Plain (default-cached) loads and stores: no .cs streaming hints.
 extern "C" __global__ void relu_vec4(const float4* __restrict__ x,
                                      float4* __restrict__ y,
                                      long long n4,
@@ -31,12 +32,12 @@ extern "C" __global__ void relu_vec4(const float4* __restrict__ x,
     #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
         const long long i = base + (long long)k * blockDim.x;
-        if (i < n4) v[k] = __ldcs(x + i);
+        if (i < n4) v[k] = x[i];
     }
     #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
         const long long i = base + (long long)k * blockDim.x;
-        if (i < n4) __stcs(y + i, relu4(v[k]));
+        if (i < n4) y[i] = relu4(v[k]);
     }
     if (blockIdx.x == 0) {
         const long long t = 4 * n4 + threadIdx.x;
@@ -54,7 +55,7 @@ extern "C" __global__ void relu_scalar(const float* __restrict__ x,
 {
     const long long stride = (long long)blockDim.x * gridDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        y[i] = relu1(__ldcs(x + i));
+        y[i] = relu1(x[i]);
     }
 }
 """
@@ -75,7 +76,7 @@ _ITEMS = 4
 
 class ModelNew(nn.Module):
     """
-    ReLU with a custom vectorized, streaming CUDA kernel.
+    ReLU with a custom vectorized CUDA kernel (plain cached loads/stores).
     """
     def __init__(self):
         super(ModelNew, self).__init__()

@@ -22,8 +22,10 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
 __device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(dst), "l"(src) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() {
+__device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait0() {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
@@ -60,8 +62,36 @@ __device__ __forceinline__ void block_ms(float& m, float& s, float* rm, float* r
     s = rs[32];
 }
 
-// One cluster of CS CTAs per row; each CTA keeps its slice of the row in shared memory.
-// prm = {D, chunk, vec}
+// Cluster-wide (max, sumexp) for the current row; result in every thread of every CTA.
+// The two cluster.sync() calls also protect reuse of cstat/fstat/rm/rs across rows.
+template <int CS>
+__device__ __forceinline__ void cluster_ms(cg::cluster_group& cluster, float& m, float& s,
+                                           float* rm, float* rs, float* cstat, float* fstat)
+{
+    block_ms(m, s, rm, rs);
+    const int tid = threadIdx.x;
+    if (tid == 0) { cstat[0] = m; cstat[1] = s; }
+    cluster.sync();                                // CTA stats visible cluster-wide
+
+    if (tid < 32) {
+        float mm = neg_inf(), ss = 0.f;
+        if (tid < CS) {
+            const float* rp = cluster.map_shared_rank(&cstat[0], (unsigned)tid);
+            mm = rp[0];
+            ss = rp[1];
+        }
+        warp_ms(mm, ss);
+        if (tid == 0) { fstat[0] = mm; fstat[1] = ss; }
+    }
+    cluster.sync();                                // all remote reads done; fstat visible
+    m = fstat[0];
+    s = fstat[1];
+}
+
+// One cluster of CS CTAs handles R consecutive rows; each CTA keeps its slice of the
+// current row in shared memory, and prefetches the next row's slice into the same slots
+// while normalising/writing the current one.
+// prm = {D, chunk, vec, R, B}
 template <int CS>
 __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(SM_THREADS, 1)
 softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ prm)
@@ -75,75 +105,87 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
     const int D = prm[0];
     const int chunk = prm[1];
     const int vec = prm[2];
+    int R = prm[3];
+    if (R < 1) R = 1;
+    const long long B = prm[4];
     const int rank = (int)cluster.block_rank();
-    const long long row = blockIdx.x / CS;
+    const long long cid = blockIdx.x / CS;
+    const long long row0 = cid * (long long)R;
+    long long rend = row0 + R;
+    if (rend > B) rend = B;
+    if (row0 >= rend) return;                      // uniform across the whole cluster
+
     const int start = rank * chunk;
     int len = D - start;
     if (len > chunk) len = chunk;
     if (len < 0) len = 0;
-    const float* xr = x + row * (long long)D + start;
-    float* yr = y + row * (long long)D + start;
     const int tid = threadIdx.x;
     const float NEG = neg_inf();
 
-    float m = NEG, s = 0.f;
     if (vec) {
         const int n4 = len >> 2;
-        const float4* x4 = reinterpret_cast<const float4*>(xr);
-        for (int j = tid; j < n4; j += SM_THREADS) cp_async16(smem_u32(buf + 4 * j), x4 + j);
-        cp_async_wait_all();                       // each thread only reads what it copied
         const float4* b4 = reinterpret_cast<const float4*>(buf);
-        for (int j = tid; j < n4; j += SM_THREADS) {
-            const float4 v = b4[j];
-            m = fmaxf(m, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+
+        // Prologue: load the first row's slice.
+        {
+            const float4* x4 = reinterpret_cast<const float4*>(x + row0 * (long long)D + start);
+            for (int j = tid; j < n4; j += SM_THREADS) cp_async16(smem_u32(buf + 4 * j), x4 + j);
+            cp_async_commit();
         }
-        if (m != NEG) {
+
+        for (long long row = row0; row < rend; ++row) {
+            cp_async_wait0();                      // each thread only reads what it copied
+
+            float m = NEG, s = 0.f;
             for (int j = tid; j < n4; j += SM_THREADS) {
                 const float4 v = b4[j];
-                s += __expf(v.x - m) + __expf(v.y - m) + __expf(v.z - m) + __expf(v.w - m);
+                m = fmaxf(m, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
             }
+            if (m != NEG) {
+                for (int j = tid; j < n4; j += SM_THREADS) {
+                    const float4 v = b4[j];
+                    s += __expf(v.x - m) + __expf(v.y - m) + __expf(v.z - m) + __expf(v.w - m);
+                }
+            }
+
+            cluster_ms<CS>(cluster, m, s, rm, rs, cstat, fstat);
+            const float M = m;
+            const float inv = 1.f / s;
+
+            const bool nxt = (row + 1) < rend;
+            const float4* xn = reinterpret_cast<const float4*>(x + (row + 1) * (long long)D + start);
+            float4* y4 = reinterpret_cast<float4*>(y + row * (long long)D + start);
+            for (int j = tid; j < n4; j += SM_THREADS) {
+                float4 v = b4[j];
+                v.x = __expf(v.x - M) * inv;
+                v.y = __expf(v.y - M) * inv;
+                v.z = __expf(v.z - M) * inv;
+                v.w = __expf(v.w - M) * inv;
+                y4[j] = v;                         // v consumed before the slot is refilled
+                if (nxt) cp_async16(smem_u32(buf + 4 * j), xn + j);
+            }
+            cp_async_commit();
         }
     } else {
-        for (int j = tid; j < len; j += SM_THREADS) cp_async4(smem_u32(buf + j), xr + j);
-        cp_async_wait_all();
-        for (int j = tid; j < len; j += SM_THREADS) m = fmaxf(m, buf[j]);
-        if (m != NEG) {
-            for (int j = tid; j < len; j += SM_THREADS) s += __expf(buf[j] - m);
-        }
-    }
+        // Scalar path (D % 4 != 0 or misaligned): one row at a time, no prefetch.
+        for (long long row = row0; row < rend; ++row) {
+            const float* xr = x + row * (long long)D + start;
+            float* yr = y + row * (long long)D + start;
+            for (int j = tid; j < len; j += SM_THREADS) cp_async4(smem_u32(buf + j), xr + j);
+            cp_async_commit();
+            cp_async_wait0();
 
-    block_ms(m, s, rm, rs);
-    if (tid == 0) { cstat[0] = m; cstat[1] = s; }
-    cluster.sync();                                // CTA stats visible cluster-wide
+            float m = NEG, s = 0.f;
+            for (int j = tid; j < len; j += SM_THREADS) m = fmaxf(m, buf[j]);
+            if (m != NEG) {
+                for (int j = tid; j < len; j += SM_THREADS) s += __expf(buf[j] - m);
+            }
 
-    if (tid < 32) {
-        float mm = NEG, ss = 0.f;
-        if (tid < CS) {
-            const float* rp = cluster.map_shared_rank(&cstat[0], (unsigned)tid);
-            mm = rp[0];
-            ss = rp[1];
+            cluster_ms<CS>(cluster, m, s, rm, rs, cstat, fstat);
+            const float M = m;
+            const float inv = 1.f / s;
+            for (int j = tid; j < len; j += SM_THREADS) yr[j] = __expf(buf[j] - M) * inv;
         }
-        warp_ms(mm, ss);
-        if (tid == 0) { fstat[0] = mm; fstat[1] = ss; }
-    }
-    cluster.sync();                                // all remote reads done; fstat visible
-
-    const float M = fstat[0];
-    const float inv = 1.f / fstat[1];
-    if (vec) {
-        const int n4 = len >> 2;
-        const float4* b4 = reinterpret_cast<const float4*>(buf);
-        float4* y4 = reinterpret_cast<float4*>(yr);
-        for (int j = tid; j < n4; j += SM_THREADS) {
-            float4 v = b4[j];
-            v.x = __expf(v.x - M) * inv;
-            v.y = __expf(v.y - M) * inv;
-            v.z = __expf(v.z - M) * inv;
-            v.w = __expf(v.w - M) * inv;
-            y4[j] = v;
-        }
-    } else {
-        for (int j = tid; j < len; j += SM_THREADS) yr[j] = __expf(buf[j] - M) * inv;
     }
 }
 
@@ -171,11 +213,15 @@ softmax_rowwise(const float* __restrict__ x, float* __restrict__ y, int D)
 _CLUSTERS = (1, 2, 4, 8)
 _CAP = 57344          # floats of one row slice per CTA (224 KiB of shared memory)
 _THREADS = 1024
+_ROWS_PER_CLUSTER = 8
+_NUM_SMS = 132
 
 
 class ModelNew(nn.Module):
     """
-    Softmax over dim=1 using cluster-resident rows (single HBM read + single write).
+    Softmax over dim=1 using cluster-resident rows (single HBM read + single write),
+    with each cluster walking R consecutive rows and prefetching the next row's slice
+    while the current one is normalised and written.
     """
     def __init__(self):
         super(ModelNew, self).__init__()
@@ -185,11 +231,11 @@ class ModelNew(nn.Module):
         self._kern = {c: self._clus.kernel("softmax_cluster<%d>" % c) for c in _CLUSTERS}
         self._prm_cache = {}
 
-    def _params(self, D, chunk, vec, device):
-        key = (D, chunk, vec, str(device))
+    def _params(self, D, chunk, vec, R, B, device):
+        key = (D, chunk, vec, R, B, str(device))
         t = self._prm_cache.get(key)
         if t is None:
-            t = torch.tensor([D, chunk, vec], dtype=torch.int32, device=device)
+            t = torch.tensor([D, chunk, vec, R, B], dtype=torch.int32, device=device)
             self._prm_cache[key] = t
         return t
 
@@ -212,8 +258,16 @@ class ModelNew(nn.Module):
             self._plain.softmax_rowwise(B, _THREADS, (x, y, D))
             return y
 
-        prm = self._params(D, chunk, vec, x.device)
-        self._kern[cs](B * cs, _THREADS, (x, y, prm), shared_mem=chunk * 4)
+        if vec:
+            # Keep enough clusters to fill the GPU (~2 waves of resident clusters) for small B.
+            resident = max(1, _NUM_SMS // cs)
+            R = max(1, min(_ROWS_PER_CLUSTER, B // (2 * resident)))
+        else:
+            R = 1
+
+        prm = self._params(D, chunk, vec, R, B, x.device)
+        nclus = (B + R - 1) // R
+        self._kern[cs](nclus * cs, _THREADS, (x, y, prm), shared_mem=chunk * 4)
         return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

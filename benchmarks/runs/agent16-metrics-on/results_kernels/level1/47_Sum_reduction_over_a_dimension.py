@@ -5,22 +5,34 @@ import cudaforge
 
 _BX = 32
 _BY = 8
+_CPT = 4                     # columns per thread
+_BC = _BX * _CPT             # columns per block (128)
 _TARGET_BLOCKS = 132 * 16
 
 _SRC = r"""
 #define BX 32
 #define BY 8
+#define CPT 4
+#define BC (BX * CPT)
 
 // x viewed as [outer, R, inner]; y is [outer, inner]. Reduce over R.
+// Each block covers a 128-column strip; thread tx owns columns tx, tx+32, tx+64, tx+96.
 extern "C" __global__ void __launch_bounds__(BX * BY)
 sum_mid_kernel(const float* __restrict__ x, float* __restrict__ y,
                long long outer, long long R, long long inner, long long rchunk)
 {
-    __shared__ float part[BY][BX];
+    __shared__ float part[BY][BC];
     const int tx = threadIdx.x;
     const int ty = threadIdx.y;
-    const long long col = (long long)blockIdx.x * BX + tx;
-    const bool valid = col < inner;
+    const long long cbase = (long long)blockIdx.x * BC;
+    const long long col0 = cbase + tx;
+    const bool valid0 = col0 < inner;
+
+    // Column offsets; an out-of-range column re-reads column col0 (valid, same L1 line)
+    // and its partial sum is never stored.
+    int coff[CPT];
+    #pragma unroll
+    for (int k = 0; k < CPT; ++k) coff[k] = (col0 + k * BX < inner) ? k * BX : 0;
 
     const long long r_begin = (long long)blockIdx.z * rchunk;
     long long r_end = r_begin + rchunk;
@@ -30,38 +42,46 @@ sum_mid_kernel(const float* __restrict__ x, float* __restrict__ y,
     const long long step = (long long)BY * inner;
 
     for (long long o = blockIdx.y; o < outer; o += gridDim.y) {
-        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-        float a4 = 0.f, a5 = 0.f, a6 = 0.f, a7 = 0.f;
-        if (valid && n > 0) {
-            const float* p = x + (o * R + r0) * inner + col;
+        float acc[CPT];
+        #pragma unroll
+        for (int k = 0; k < CPT; ++k) acc[k] = 0.f;
+
+        if (valid0 && n > 0) {
+            const float* p = x + (o * R + r0) * inner + col0;
             long long i = 0;
-            for (; i + 8 <= n; i += 8) {
-                const float v0 = __ldg(p);
-                const float v1 = __ldg(p + step);
-                const float v2 = __ldg(p + 2 * step);
-                const float v3 = __ldg(p + 3 * step);
-                const float v4 = __ldg(p + 4 * step);
-                const float v5 = __ldg(p + 5 * step);
-                const float v6 = __ldg(p + 6 * step);
-                const float v7 = __ldg(p + 7 * step);
-                a0 += v0; a1 += v1; a2 += v2; a3 += v3;
-                a4 += v4; a5 += v5; a6 += v6; a7 += v7;
-                p += 8 * step;
+            for (; i + 4 <= n; i += 4) {
+                float v[4][CPT];
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float* q = p + j * step;
+                    #pragma unroll
+                    for (int k = 0; k < CPT; ++k) v[j][k] = __ldg(q + coff[k]);
+                }
+                #pragma unroll
+                for (int k = 0; k < CPT; ++k)
+                    acc[k] += (v[0][k] + v[1][k]) + (v[2][k] + v[3][k]);
+                p += 4 * step;
             }
             for (; i < n; ++i) {
-                a0 += __ldg(p);
+                #pragma unroll
+                for (int k = 0; k < CPT; ++k) acc[k] += __ldg(p + coff[k]);
                 p += step;
             }
         }
-        part[ty][tx] = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+        #pragma unroll
+        for (int k = 0; k < CPT; ++k) part[ty][k * BX + tx] = acc[k];
         __syncthreads();
-        if (ty == 0 && valid) {
-            float s = 0.f;
-            #pragma unroll
-            for (int k = 0; k < BY; ++k) s += part[k][tx];
-            float* dst = y + o * inner + col;
-            if (gridDim.z == 1) *dst = s;
-            else atomicAdd(dst, s);
+        if (ty < CPT) {
+            const int c = ty * BX + tx;
+            const long long gc = cbase + c;
+            if (gc < inner) {
+                float s = 0.f;
+                #pragma unroll
+                for (int k = 0; k < BY; ++k) s += part[k][c];
+                float* dst = y + o * inner + gc;
+                if (gridDim.z == 1) *dst = s;
+                else atomicAdd(dst, s);
+            }
         }
         __syncthreads();
     }
@@ -154,7 +174,7 @@ class ModelNew(nn.Module):
             grid = min(outer, 65535 * 32)
             mod.sum_last_kernel(grid, 256, (xf, y, outer, R))
         else:
-            gx = (inner + _BX - 1) // _BX
+            gx = (inner + _BC - 1) // _BC
             gy = min(outer, 65535)
             base = gx * gy
             split = 1
