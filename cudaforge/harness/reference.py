@@ -86,7 +86,7 @@ class ReferenceJudge:
         self.models: dict[int, tuple[Problem, Any, Any]] = {}  # extra index (-1: main)
         self.usable_extra: list[int] = []
         self.skipped_extra: dict[int, str] = {}
-        self._cache: tuple[tuple, Any] | None = None
+        self._cache: dict[tuple, Any] = {}  # (phase, index) -> expected(); the last two
 
     def build(self) -> None:
         """The reference Model of the problem and of each extra size it can take (seeded like
@@ -109,7 +109,7 @@ class ReferenceJudge:
 
     def close(self) -> None:
         self.models.clear()
-        self._cache = None
+        self._cache.clear()
 
     # ------------------------------------------------------------------ the reference's runs
 
@@ -122,8 +122,8 @@ class ReferenceJudge:
     def expected(self, phase: str, index: int):
         """(inputs before, inputs after, outputs) of the reference on check `index`'s inputs."""
         key = (phase, index)
-        if self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
+        if key in self._cache:
+            return self._cache[key]
         problem, module, model = self._model_of(phase, index)
         seed = check_seed(self.opts, phase, index)
         base = problem.make_inputs(seed, self.device, module)
@@ -133,8 +133,42 @@ class ReferenceJudge:
             out = model(*inputs)
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
-        self._cache = (key, (base, inputs, out))
+        while len(self._cache) >= 2:
+            del self._cache[next(iter(self._cache))]  # the oldest
+        self._cache[key] = (base, inputs, out)
         return base, inputs, out
+
+    def next_check(self, phase: str, index: int, call: int) -> tuple[str, int] | None:
+        """The check most likely to come after (phase, index, call), for prefetching: the next
+        trial, timed run or revalidation. None after a first call (the second uses the same)."""
+        if phase == "correctness" and call == 0:
+            return None
+        if phase == "correctness" and index + 1 >= self.opts.trials + len(self.usable_extra):
+            return ("timed_output", 0)
+        if phase == "correctness" and index + 1 >= self.opts.trials:
+            return (
+                "correctness",
+                self.opts.trials + self.usable_extra[index + 1 - self.opts.trials],
+            )
+        return (phase, index + 1)
+
+    def prefetch(self, phase: str, index: int, free_bytes: int | None = None) -> bool:
+        """Compute expected() of a check ahead, while the candidate's process works, where one
+        more set of the reference's inputs and outputs fits in `free_bytes` (None: no bound)
+        three times over. False where it was not done (too large, or the reference failed)."""
+        if (phase, index) in self._cache:
+            return True
+        t = self.torch
+        one = next(iter(self._cache.values()), None)  # a check's entry: about what one more takes
+        values = [] if one is None else [*one[0], *one[1], *leaves(one[2])]
+        size = sum(v.numel() * v.element_size() for v in values if isinstance(v, t.Tensor))
+        if free_bytes is not None and 3 * size > free_bytes:
+            return False
+        try:
+            self.expected(phase, index)
+        except Exception:  # noqa: BLE001 - judged (and said) when the check itself comes
+            return False
+        return True
 
     def output_bytes(self) -> int:
         """Bytes of the main problem's reference outputs (a bound for what a candidate sends)."""

@@ -115,6 +115,7 @@ class ReferenceProcess:
             with torch.no_grad():
                 judge.build()
             wire.send(self.control, {"type": "begun", "usable_extra": judge.usable_extra})
+            self.prefetch(judge, "correctness", 0)  # while the candidate's process compiles
         except Exception as e:  # noqa: BLE001 - the candidate's side reports the same failure
             judge = None
             wire.send(self.control, {"type": "begun", "error": f"{type(e).__name__}: {e}"[:2000]})
@@ -156,6 +157,9 @@ class ReferenceProcess:
                 wire.send(to_candidate, judgement.to_dict())
             except OSError:
                 reading = False
+            upcoming = judge.next_check(phase, index, call)
+            if reading and upcoming is not None and judgement.passed:
+                self.prefetch(judge, *upcoming)
         for fd in (from_candidate, to_candidate):
             os.close(fd)
         if judge is not None:
@@ -166,6 +170,15 @@ class ReferenceProcess:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         wire.send(self.control, {"type": "ended"})
+
+    def prefetch(self, judge, phase: str, index: int) -> None:
+        """The reference's side of the next check, computed while the candidate's process runs
+        its own (inputs are drawn on the CPU in most problems: seconds for gigabytes)."""
+        free = None
+        if self.device.type == "cuda":
+            free = self.torch.cuda.mem_get_info(self.device)[0]
+        with self.torch.no_grad():
+            judge.prefetch(phase, index, free)
 
     def lend_area(self, header: dict, limit: int, to_candidate: int) -> None:
         """Answer a worker's request for a device area of `bytes` (at most `limit`): a new area
