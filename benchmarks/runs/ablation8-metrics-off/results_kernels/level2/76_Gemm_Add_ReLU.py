@@ -41,17 +41,14 @@ __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
 }
 
-__device__ __forceinline__ uint32_t to_tf32(uint32_t x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
-    return r;
-}
-
-// 3xTF32 split: x ~= big + small, both exactly representable in TF32.
+// 3xTF32 split without cvt: x ~= big + small.
+//  big  : x with its magnitude rounded to nearest TF32 (low 13 mantissa bits cleared).
+//         Integer add on the sign-magnitude encoding rounds the magnitude (ties away).
+//  small: the exact fp32 residual x - big, passed raw; mma.sync .tf32 ignores its low
+//         13 mantissa bits (truncation), costing ~2^-10 of |small| <= 2^-21 of |x|.
 __device__ __forceinline__ void split_tf32(uint32_t x, uint32_t& big, uint32_t& small) {
-    big = to_tf32(x) & 0xffffe000u;                                  // clean low bits
-    const float r = __uint_as_float(x) - __uint_as_float(big);       // exact in fp32
-    small = to_tf32(__float_as_uint(r));
+    big = (x + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(__uint_as_float(x) - __uint_as_float(big));
 }
 
 __device__ __forceinline__ void mma_tf32(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
@@ -277,7 +274,8 @@ _SMEM_BYTES = _STAGES * (_BM + _BN) * _BK * 4  # 98304
 
 class ModelNew(nn.Module):
     """
-    GEMM (no bias) + bias add + ReLU, fused into a single 3xTF32 tensor-core CUDA kernel.
+    GEMM (no bias) + bias add + ReLU, fused into a single 3xTF32 tensor-core CUDA kernel
+    (cvt-free big/small split).
     """
     def __init__(self, in_features, out_features, bias_shape):
         super(ModelNew, self).__init__()

@@ -33,15 +33,13 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
-__device__ __forceinline__ unsigned f2tf32(float f) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(f));
-    return r;
-}
-// 3xTF32 split: v ~= hi + lo, both representable in TF32.
+// Fast 3xTF32 split without cvt: v ~= hi + lo.
+//  hi: magnitude rounded to nearest TF32 (round-half-away) by integer add + mask; low 13 bits zero.
+//  lo: exact fp32 residual v - hi, passed raw; the .tf32 MMA ignores its low 13 mantissa bits.
 __device__ __forceinline__ void split_tf32(float v, unsigned& hi, unsigned& lo) {
-    hi = f2tf32(v) & 0xffffe000u;                  // exactly the TF32 value the MMA sees
-    lo = f2tf32(v - __uint_as_float(hi));          // residual (exact in fp32), rounded to TF32
+    const unsigned u = __float_as_uint(v);
+    hi = (u + 0x1000u) & 0xffffe000u;
+    lo = __float_as_uint(v - __uint_as_float(hi));
 }
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm volatile(

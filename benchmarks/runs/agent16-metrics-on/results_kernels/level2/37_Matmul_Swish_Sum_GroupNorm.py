@@ -50,7 +50,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4],
                                          unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -221,12 +221,18 @@ __device__ __forceinline__ void gemm_body(
                 unsigned ah[4], al[4];
                 ldmatrix_x4(ah, sAh + row * LDS + col);
                 ldmatrix_x4(al, sAl + row * LDS + col);
+                // Same per-accumulator order as before (al*bh, ah*bl, ah*bh), but the
+                // correction term is the outer loop: 3 independent MMAs separate every
+                // pair of MMAs that update the same accumulator.
                 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
+                for (int nt = 0; nt < 4; ++nt)
                     mma16816(acc[mt][nt], al, bh[nt][0], bh[nt][1]);
+                #pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
                     mma16816(acc[mt][nt], ah, bl[nt][0], bl[nt][1]);
+                #pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
                     mma16816(acc[mt][nt], ah, bh[nt][0], bh[nt][1]);
-                }
             }
         }
     }

@@ -30,15 +30,13 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
-__device__ __forceinline__ unsigned f2tf32(float f) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(f));
-    return r;
-}
-// 3xTF32 split: x ~= hi + lo, both representable in TF32.
+// 3xTF32 split without cvt: x ~= hi + lo, both TF32 bit patterns (low 13 bits zero).
+// hi: integer round-to-nearest (ties away from zero) == cvt.rna.tf32.f32 for finite x.
+// lo: exact fp32 residual x - hi, truncated to TF32.
 __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-    hi = f2tf32(x) & 0xffffe000u;                 // TF32 value actually used by the MMA
-    lo = f2tf32(x - __uint_as_float(hi));         // residual (exact in fp32), rounded to TF32
+    const unsigned h = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    hi = h;
+    lo = __float_as_uint(x - __uint_as_float(h)) & 0xffffe000u;
 }
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm volatile(
