@@ -200,6 +200,9 @@ def test_work_on_a_side_stream_is_caught(pool):
         """
 x = x.contiguous()
 y = torch.empty_like(x)
+# ordered after everything on the main stream (inputs, the harness's NaN fill of y's memory),
+# but the main stream never waits for it: only the timing can notice
+self.side.wait_stream(torch.cuda.current_stream())
 with torch.cuda.stream(self.side):
     mod.relu_slow(blocks(x.numel()), (256,), (x, y, x.numel(), 64))
 return y
