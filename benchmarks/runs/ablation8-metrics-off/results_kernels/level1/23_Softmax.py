@@ -47,6 +47,14 @@ __device__ __forceinline__ void update4(float& m, float& s, const float4 v) {
     if (mx > m) { s *= __expf(m - mx); m = mx; }
     s += (__expf(v.x - m) + __expf(v.y - m)) + (__expf(v.z - m) + __expf(v.w - m));
 }
+
+__device__ __forceinline__ float4 norm4(float4 v, const float M, const float inv) {
+    v.x = __expf(v.x - M) * inv;
+    v.y = __expf(v.y - M) * inv;
+    v.z = __expf(v.z - M) * inv;
+    v.w = __expf(v.w - M) * inv;
+    return v;
+}
 """
 
 _CLUSTER_SRC = r"""
@@ -57,8 +65,11 @@ namespace cg = cooperative_groups;
 
 // grid = (CLUSTER, gy); the 8 CTAs of a cluster share one row (blockIdx.y), each one
 // holding a chunk of chunk4 float4s in shared memory. Each cluster loops over rows
-// row = blockIdx.y, blockIdx.y + gy, ...; the next row's chunk is prefetched into L2
-// while the current row is reduced and written.
+// row = blockIdx.y, blockIdx.y + gy, ...
+// Pass 2 (normalize + store) of row r is fused with pass 1 (load + online max/sum)
+// of row r + gy, reusing the same smem slots in place, so loads and stores are in
+// flight together and there is one reduction bubble per row. The chunk of row r + 2*gy
+// is prefetched into L2 during the reduction bubble.
 // prm = {rows, dim4, chunk4}
 template <int BS>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(BS, 1)
@@ -82,15 +93,16 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
 
     const float4* __restrict__ x4 = reinterpret_cast<const float4*>(x);
     float4* __restrict__ y4 = reinterpret_cast<float4*>(y);
+    const long long gy = (long long)gridDim.y;
 
-    int par = 0;
-    for (int row = (int)blockIdx.y; row < rows; row += (int)gridDim.y) {
-        const size_t base = (size_t)row * (size_t)dim4 + (size_t)start;
-        const float4* xr = x4 + base;
-        float4* yr = y4 + base;
+    // All CTAs of a cluster share blockIdx.y, so every branch on `row` below is
+    // uniform across the cluster and the cluster barriers stay matched.
+    int row = (int)blockIdx.y;
+    float m = NEG_INF, s = 0.f;
 
-        // ---- pass 1: HBM/L2 -> smem, online max / sum-exp ----
-        float m = NEG_INF, s = 0.f;
+    // ---- prologue: pass 1 of the first row: HBM/L2 -> smem, online max / sum-exp ----
+    if (row < rows) {
+        const float4* xr = x4 + (size_t)row * (size_t)dim4 + (size_t)start;
         int i = tid;
         for (; i + 3 * BS < n; i += 4 * BS) {
             float4 v0 = xr[i];
@@ -111,16 +123,20 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
             sbuf[i] = v;
             update4(m, s, v);
         }
+    }
 
+    int par = 0;
+    while (row < rows) {
         // ---- CTA reduction ----
         block_combine(m, s, red_m, red_s);
 
-        // ---- prefetch this CTA's chunk of the next row into L2 (fire-and-forget) ----
+        // ---- prefetch this CTA's chunk of the row after next into L2 (fire-and-forget);
+        //      the next row itself is streamed directly by the fused loop below ----
         {
-            const int nrow = row + (int)gridDim.y;
-            if (nrow < rows && n > 0) {
+            const long long prow = (long long)row + 2 * gy;
+            if (prow < (long long)rows && n > 0) {
                 const char* pf = reinterpret_cast<const char*>(
-                    x4 + (size_t)nrow * (size_t)dim4 + (size_t)start);
+                    x4 + (size_t)prow * (size_t)dim4 + (size_t)start);
                 const int lines = (n * 16 + 127) >> 7;   // 128-byte lines of this chunk
                 for (int l = tid; l < lines; l += BS)
                     asm volatile("prefetch.global.L2::evict_last [%0];"
@@ -144,17 +160,61 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
         const float M = fin[0];
         const float inv = fin[1];
 
-        // ---- pass 2: smem -> HBM, streaming stores (do not evict the prefetched row) ----
+        float4* yr = y4 + (size_t)row * (size_t)dim4 + (size_t)start;
+        const long long nrow = (long long)row + gy;
+        float m2 = NEG_INF, s2 = 0.f;
+
+        if (nrow < (long long)rows) {
+            // ---- fused: pass 2 of `row` (smem -> y) + pass 1 of `nrow` (x -> smem) ----
+            // Same slot ownership (tid + k*BS) as pass 1: each slot is read, then
+            // overwritten, by the same thread, so no barrier is needed.
+            const float4* xn = x4 + (size_t)nrow * (size_t)dim4 + (size_t)start;
+            int i = tid;
+            for (; i + 3 * BS < n; i += 4 * BS) {
+                // 1) issue the loads of the next row first
+                const float4 a0 = xn[i];
+                const float4 a1 = xn[i + BS];
+                const float4 a2 = xn[i + 2 * BS];
+                const float4 a3 = xn[i + 3 * BS];
+                // 2) normalize the current row from smem and stream it out
+                const float4 o0 = sbuf[i];
+                const float4 o1 = sbuf[i + BS];
+                const float4 o2 = sbuf[i + 2 * BS];
+                const float4 o3 = sbuf[i + 3 * BS];
+                __stcs(yr + i,          norm4(o0, M, inv));
+                __stcs(yr + i + BS,     norm4(o1, M, inv));
+                __stcs(yr + i + 2 * BS, norm4(o2, M, inv));
+                __stcs(yr + i + 3 * BS, norm4(o3, M, inv));
+                // 3) store the next row into the freed slots, online max / sum-exp
+                sbuf[i] = a0;
+                sbuf[i + BS] = a1;
+                sbuf[i + 2 * BS] = a2;
+                sbuf[i + 3 * BS] = a3;
+                update4(m2, s2, a0);
+                update4(m2, s2, a1);
+                update4(m2, s2, a2);
+                update4(m2, s2, a3);
+            }
+            for (; i < n; i += BS) {
+                const float4 a = xn[i];
+                const float4 o = sbuf[i];
+                __stcs(yr + i, norm4(o, M, inv));
+                sbuf[i] = a;
+                update4(m2, s2, a);
+            }
+        } else {
+            // ---- last row of this cluster: plain pass 2, smem -> HBM, streaming stores ----
 #pragma unroll 4
-        for (i = tid; i < n; i += BS) {
-            float4 v = sbuf[i];
-            v.x = __expf(v.x - M) * inv;
-            v.y = __expf(v.y - M) * inv;
-            v.z = __expf(v.z - M) * inv;
-            v.w = __expf(v.w - M) * inv;
-            __stcs(yr + i, v);
+            for (int i = tid; i < n; i += BS) {
+                __stcs(yr + i, norm4(sbuf[i], M, inv));
+            }
         }
+
         par ^= 1;   // double-buffered partials: one cluster barrier per row is enough
+        if (nrow >= (long long)rows) break;
+        row = (int)nrow;
+        m = m2;
+        s = s2;
     }
     // keep shared memory alive until every CTA of the cluster has read it
     cluster.sync();
@@ -196,7 +256,7 @@ def _get_kernels():
     global _KERNELS
     if _KERNELS is None:
         name = "softmax_cluster<%d>" % _BS
-        cmod = cudaforge.compile(_CLUSTER_SRC, name="softmax_cluster_pf.cu",
+        cmod = cudaforge.compile(_CLUSTER_SRC, name="softmax_cluster_fused.cu",
                                  name_expressions=[name])
         gmod = cudaforge.compile(_GENERIC_SRC, name="softmax_generic.cu")
         _KERNELS = (cmod.kernel(name), gmod.softmax_rows_generic)
@@ -226,8 +286,8 @@ class ModelNew(nn.Module):
             if (smem <= _MAX_DYN_SMEM and x2.data_ptr() % 16 == 0
                     and y2.data_ptr() % 16 == 0):
                 prm = self._params(R, dim4, chunk4, x2.device)
-                # several rows per cluster: the row loop lets each cluster prefetch
-                # its next row into L2 while finishing the current one
+                # several rows per cluster: each cluster streams the store of one row
+                # together with the load of its next row
                 gy = min(65535, max(1, (R + _ROWS_PER_CLUSTER - 1) // _ROWS_PER_CLUSTER))
                 cluster_k((_CLUSTER, gy, 1), (_BS, 1, 1), (x2, y2, prm), shared_mem=smem)
                 return

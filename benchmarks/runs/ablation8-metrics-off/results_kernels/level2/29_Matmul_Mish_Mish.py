@@ -30,16 +30,12 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
-__device__ __forceinline__ unsigned f2tf32(float f) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(f));
-    return r;
-}
-
-// 3xTF32 split: v ~= big + small, both exactly representable in TF32.
+// 3xTF32 split without cvt: big is v truncated to TF32 (an exact TF32 value),
+// small is the exact fp32 residual v - big, passed raw (the .tf32 mma reads only its top 19 bits).
+// big + small == v exactly, |small| < 2^-10 |v|.
 __device__ __forceinline__ void split_tf32(float v, unsigned& big, unsigned& small) {
-    big = f2tf32(v) & 0xffffe000u;               // TF32 value with clean low bits
-    small = f2tf32(v - __uint_as_float(big));    // residual (exact in fp32), rounded to TF32
+    big   = __float_as_uint(v) & 0xffffe000u;
+    small = __float_as_uint(v - __uint_as_float(big));
 }
 
 __device__ __forceinline__ void mma_tf32(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,

@@ -12,8 +12,8 @@ _A_STAGE_BYTES = _BM * _LDSM * 4          # 18432 (padded A rows)
 _B_STAGE_BYTES = _BN * _BK * 4            # 32768 (canonical K-major B)
 _SMEM_BYTES = (_STAGES * _A_STAGE_BYTES   # A stages
                + _STAGES * _B_STAGE_BYTES # B (hi, in place) stages
-               + _B_STAGE_BYTES           # B lo buffer
-               + 1024)                    # slack for manual 1024-byte alignment  -> 187392 bytes
+               + 2 * _B_STAGE_BYTES       # B lo buffers (double-buffered)
+               + 1024)                    # slack for manual 1024-byte alignment  -> 220160 bytes
 
 _SRC = r"""
 #define BM 128
@@ -80,8 +80,9 @@ __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void wgmma_wait0() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
 }
 
 // Keeps the compiler from moving accumulator accesses across the async wgmma region.
@@ -193,7 +194,44 @@ __device__ __forceinline__ void load_tile(float* as, float* bs,
     }
 }
 
+// Splits one landed k-tile:
+//   B: hi in place in its stage (bs), lo into the given lo buffer (blo), same layout.
+//   A: this thread's wgmma A fragments for the 4 k8 steps into registers (ah/al), natural k order:
+//      a0 = A[row][k+t], a1 = A[row+8][k+t], a2 = A[row][k+t+4], a3 = A[row+8][k+t+4]
+__device__ __forceinline__ void split_tile(float* bs, float* blo, const float* as,
+                                           unsigned (&ah)[4][4], unsigned (&al)[4][4],
+                                           int tid, int arow, int t)
+{
+    {
+        float4* hp = reinterpret_cast<float4*>(bs);
+        float4* lp = reinterpret_cast<float4*>(blo);
+        #pragma unroll
+        for (int i = 0; i < (B_STAGE / 4) / NTHREADS; ++i) {
+            const int idx = tid + i * NTHREADS;
+            const float4 v = hp[idx];
+            float4 h, l;
+            split_tf32f(v.x, h.x, l.x);
+            split_tf32f(v.y, h.y, l.y);
+            split_tf32f(v.z, h.z, l.z);
+            split_tf32f(v.w, h.w, l.w);
+            hp[idx] = h;
+            lp[idx] = l;
+        }
+    }
+    #pragma unroll
+    for (int s = 0; s < BK / 8; ++s) {
+        const float* p = as + arow * LDSM + s * 8 + t;
+        split_tf32(p[0],            ah[s][0], al[s][0]);
+        split_tf32(p[8 * LDSM],     ah[s][1], al[s][1]);
+        split_tf32(p[4],            ah[s][2], al[s][2]);
+        split_tf32(p[8 * LDSM + 4], ah[s][3], al[s][3]);
+    }
+}
+
 // C[M,N] = mish(mish(A[M,K] @ W[N,K]^T + bias[N]))   (3xTF32 on wgmma, FP32-level accuracy)
+// Mainloop is software-pipelined: the wgmma group of tile kt stays in flight
+// (wgmma.wait_group 1) while all threads split tile kt+1 into the other lo buffer /
+// A register set.
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 linear_mish2_kernel(const float* __restrict__ A, const float* __restrict__ W,
                     const float* __restrict__ bias, float* __restrict__ C,
@@ -204,7 +242,7 @@ linear_mish2_kernel(const float* __restrict__ A, const float* __restrict__ W,
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u));
     float* As  = smem;                          // STAGES x [BM][LDSM]
     float* Bs  = smem + STAGES * A_STAGE;       // STAGES x canonical B (1024-B aligned)
-    float* Blo = Bs + STAGES * B_STAGE;         // canonical B lo part (1024-B aligned)
+    float* Blo = Bs + STAGES * B_STAGE;         // 2 x canonical B lo part (1024-B aligned)
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -221,82 +259,81 @@ linear_mish2_kernel(const float* __restrict__ A, const float* __restrict__ W,
     #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.f;
 
+    // Double-buffered A fragments (set index = tile parity).
+    unsigned ah[2][4][4], al[2][4][4];
+
     const int ktiles = (K + BK - 1) / BK;
 
+    // ---- prologue: tiles 0 and 1 in flight, tile 0 split into set 0 / Blo[0]
     #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < ktiles)
             load_tile(As + s * A_STAGE, Bs + s * B_STAGE, A, W, M, N, K, m0, n0, s * BK, tid, vec);
         cp_async_commit();
     }
+    cp_async_wait<STAGES - 2>();   // tile 0 landed
+    __syncthreads();
+    if (ktiles > 0)
+        split_tile(Bs, Blo, As, ah[0], al[0], tid, arow, t);
+    fence_proxy_async();
+    __syncthreads();
 
-    for (int kt = 0; kt < ktiles; ++kt) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();   // stage kt landed; previous wgmmas (stage + Blo readers) all done
+    // ---- mainloop, unrolled by 2 so the register-set index is a compile-time constant
+    for (int kb = 0; kb < ktiles; kb += 2) {
+        #pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int kt = kb + u;
+            if (kt < ktiles) {
+                // (a) issue the 12 wgmma of tile kt; do not wait
+                const int cs = kt % STAGES;
+                const unsigned bh_addr = smem_addr(Bs + cs * B_STAGE);
+                const unsigned bl_addr = smem_addr(Blo + u * B_STAGE);
 
-        const int nk = kt + STAGES - 1;
-        if (nk < ktiles) {
-            const int st = nk % STAGES;
-            load_tile(As + st * A_STAGE, Bs + st * B_STAGE, A, W, M, N, K, m0, n0, nk * BK, tid, vec);
-        }
-        cp_async_commit();
+                fence_acc(d);
+                wgmma_fence();
+                #pragma unroll
+                for (int s = 0; s < BK / 8; ++s) {
+                    const unsigned long long dh = make_desc(bh_addr + s * 256);
+                    const unsigned long long dl = make_desc(bl_addr + s * 256);
+                    // small correction terms first, then the main product
+                    wgmma_m64n256k8_tf32(d, al[u][s], dh);
+                    wgmma_m64n256k8_tf32(d, ah[u][s], dl);
+                    wgmma_m64n256k8_tf32(d, ah[u][s], dh);
+                }
+                wgmma_commit();
 
-        const int cs = kt % STAGES;
-        const float* as = As + cs * A_STAGE;
-        float* bs = Bs + cs * B_STAGE;
+                // (b) tile kt+1 has landed (this thread's copies)
+                cp_async_wait<0>();
+                // (c) this warpgroup's group kt-1 is complete
+                wgmma_wait<1>();
+                // (d) all warpgroups done with kt-1: stage (kt+2)%3 and Blo[(kt+1)&1] are free;
+                //     tile kt+1 visible to all threads
+                __syncthreads();
 
-        // B split, once per stage: hi in place, lo into Blo (same layout).
-        {
-            float4* hp = reinterpret_cast<float4*>(bs);
-            float4* lp = reinterpret_cast<float4*>(Blo);
-            #pragma unroll
-            for (int i = 0; i < (B_STAGE / 4) / NTHREADS; ++i) {
-                const int idx = tid + i * NTHREADS;
-                const float4 v = hp[idx];
-                float4 h, l;
-                split_tf32f(v.x, h.x, l.x);
-                split_tf32f(v.y, h.y, l.y);
-                split_tf32f(v.z, h.z, l.z);
-                split_tf32f(v.w, h.w, l.w);
-                hp[idx] = h;
-                lp[idx] = l;
+                // (e) prefetch tile kt+2
+                const int nk = kt + STAGES - 1;
+                if (nk < ktiles) {
+                    const int st = nk % STAGES;
+                    load_tile(As + st * A_STAGE, Bs + st * B_STAGE, A, W, M, N, K, m0, n0,
+                              nk * BK, tid, vec);
+                }
+                cp_async_commit();
+
+                // (f) split tile kt+1 into the other lo buffer / register set
+                if (kt + 1 < ktiles) {
+                    const int ns = (kt + 1) % STAGES;
+                    split_tile(Bs + ns * B_STAGE, Blo + (u ^ 1) * B_STAGE, As + ns * A_STAGE,
+                               ah[u ^ 1], al[u ^ 1], tid, arow, t);
+                }
+
+                // (g) make the generic-proxy smem writes visible to the async proxy (wgmma)
+                fence_proxy_async();
+                __syncthreads();
             }
         }
-
-        // A fragments for the 4 k8 steps, natural k order:
-        //   a0 = A[row][k+t], a1 = A[row+8][k+t], a2 = A[row][k+t+4], a3 = A[row+8][k+t+4]
-        unsigned ah[4][4], al[4][4];
-        #pragma unroll
-        for (int s = 0; s < BK / 8; ++s) {
-            const float* p = as + arow * LDSM + s * 8 + t;
-            split_tf32(p[0],            ah[s][0], al[s][0]);
-            split_tf32(p[8 * LDSM],     ah[s][1], al[s][1]);
-            split_tf32(p[4],            ah[s][2], al[s][2]);
-            split_tf32(p[8 * LDSM + 4], ah[s][3], al[s][3]);
-        }
-
-        // Make the generic-proxy smem writes visible to the async proxy (wgmma).
-        fence_proxy_async();
-        __syncthreads();
-
-        const unsigned bh_addr = smem_addr(bs);
-        const unsigned bl_addr = smem_addr(Blo);
-
-        fence_acc(d);
-        wgmma_fence();
-        #pragma unroll
-        for (int s = 0; s < BK / 8; ++s) {
-            const unsigned long long dh = make_desc(bh_addr + s * 256);
-            const unsigned long long dl = make_desc(bl_addr + s * 256);
-            // small correction terms first, then the main product
-            wgmma_m64n256k8_tf32(d, al[s], dh);
-            wgmma_m64n256k8_tf32(d, ah[s], dl);
-            wgmma_m64n256k8_tf32(d, ah[s], dh);
-        }
-        wgmma_commit();
-        wgmma_wait0();
-        fence_acc(d);
     }
+    wgmma_wait<0>();
+    fence_acc(d);
     cp_async_wait<0>();
 
     // Epilogue: bias + Mish + Mish, write once.
@@ -336,14 +373,15 @@ linear_mish2_kernel(const float* __restrict__ A, const float* __restrict__ W,
 class ModelNew(nn.Module):
     """
     Linear -> Mish -> Mish, fused into a single Hopper wgmma GEMM kernel (error-compensated
-    3xTF32 for FP32-level accuracy) with a bias + double-Mish epilogue.
+    3xTF32 for FP32-level accuracy) with a bias + double-Mish epilogue. The mainloop keeps
+    one wgmma group in flight while the next tile is split (double-buffered lo / A fragments).
     """
     def __init__(self, in_features, out_features):
         super(ModelNew, self).__init__()
         self.linear = nn.Linear(in_features, out_features)
         # Default target is sm_90a (needed for wgmma).
         # No --use_fast_math: the epilogue relies on accurate expf/log1pf/tanhf.
-        self._mod = cudaforge.compile(_SRC, name="linear_mish2_wgmma.cu")
+        self._mod = cudaforge.compile(_SRC, name="linear_mish2_wgmma_pipelined.cu")
 
     def forward(self, x):
         w = self.linear.weight.detach()

@@ -6,10 +6,10 @@ import cudaforge
 _BM = 128
 _BN = 128
 _BK = 32
-_STAGES = 3
+_STAGES = 2
 _THREADS = 256
 _LDS = _BK + 8
-_SMEM = max(_STAGES * (2 * _BM + 2 * _BN) * _LDS * 2, _BM * (_BN + 1) * 4)   # 122,880 B
+_SMEM = max(_STAGES * (2 * _BM + 2 * _BN) * _LDS * 2, _BM * (_BN + 1) * 4)   # 81,920 B -> 2 CTAs per SM
 
 _SRC = r"""
 #include <cuda_fp16.h>
@@ -17,7 +17,7 @@ _SRC = r"""
 #define BM 128
 #define BN 128
 #define BK 32
-#define STAGES 3
+#define STAGES 2
 #define LDS (BK + 8)
 #define TS (BN + 1)
 #define NTHREADS 256
@@ -305,7 +305,7 @@ __device__ __forceinline__ void gemm_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(256, 2)
 gemm_fused(const __half* __restrict__ Ah, const __half* __restrict__ Al,
            const __half* __restrict__ Bh, const __half* __restrict__ Bl,
            const float* __restrict__ bias1, const float* __restrict__ bias2,
@@ -315,7 +315,7 @@ gemm_fused(const __half* __restrict__ Ah, const __half* __restrict__ Al,
     gemm_body<true>(Ah, Al, Bh, Bl, bias1, bias2, gamma, beta, out, M, N, Kp, cpg, eps, tiles_n);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(256, 2)
 gemm_plain(const __half* __restrict__ Ah, const __half* __restrict__ Al,
            const __half* __restrict__ Bh, const __half* __restrict__ Bl,
            const float* __restrict__ bias1, const float* __restrict__ bias2,

@@ -9,7 +9,7 @@ _SRC = r'''
 #define BM 128
 #define BN 128
 #define BK 32
-#define SROW 36          // BK + 4 floats of padding: conflict-free LDS.128 fragment reads
+#define SROW 36          // BK + 4 floats of padding: conflict-free LDS.64 fragment reads
 #define STAGES 3
 #define NTHREADS 128
 
@@ -121,6 +121,13 @@ linear_sub_mul_relu_3xtf32(const float* __restrict__ A, const float* __restrict_
             #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
 
+    // Physical k offset (within the 32-wide k-tile) of this thread's fragment pair.
+    // k-step s reads the float2 at koff + 4*s: .x is logical k = t, .y is logical k = t+4.
+    // For t = 0..3, s = 0..3 this covers the 32 physical columns exactly once, and A and B
+    // use the same mapping, so each k-tile's dot product is only permuted.
+    // Banks per half-warp LDS.64: 4g + {0,2,16,18} + 4s -> 16 distinct bank pairs.
+    const int koff = (t & 1) * 2 + (t >> 1) * 16;
+
     // prologue
     #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -138,52 +145,37 @@ linear_sub_mul_relu_3xtf32(const float* __restrict__ A, const float* __restrict_
 
         const float* As = smem + (kt % STAGES) * STAGE_FLOATS;
         const float* Bs = As + BM * SROW;
-        const float* Ap = As + (wm * 64 + g) * SROW + 8 * t;
-        const float* Bp = Bs + (wn * 64 + g) * SROW + 8 * t;
+        const float* Ap = As + (wm * 64 + g) * SROW + koff;
+        const float* Bp = Bs + (wn * 64 + g) * SROW + koff;
 
-        // Within the 32-wide k-tile, thread t reads physical k = 8t .. 8t+7.
-        // k-step s = 2j+q uses physical (8t+4j+2q) as logical k=t and (+1) as logical k=t+4,
-        // identically for A and B, so every physical k is used exactly once.
         #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            float4 bv[8];
+        for (int s = 0; s < 4; ++s) {
+            // A fragments of this k-step, split once into TF32 hi / lo (32 registers).
+            unsigned ah[4][4], al[4][4];
             #pragma unroll
-            for (int ni = 0; ni < 8; ++ni)
-                bv[ni] = *reinterpret_cast<const float4*>(Bp + ni * 8 * SROW + 4 * j);
+            for (int mi = 0; mi < 4; ++mi) {
+                const float2 lo = *reinterpret_cast<const float2*>(Ap + (mi * 16) * SROW + 4 * s);
+                const float2 hi = *reinterpret_cast<const float2*>(Ap + (mi * 16 + 8) * SROW + 4 * s);
+                split_tf32(lo.x, ah[mi][0], al[mi][0]);   // row g,   logical k=t
+                split_tf32(hi.x, ah[mi][1], al[mi][1]);   // row g+8, logical k=t
+                split_tf32(lo.y, ah[mi][2], al[mi][2]);   // row g,   logical k=t+4
+                split_tf32(hi.y, ah[mi][3], al[mi][3]);   // row g+8, logical k=t+4
+            }
 
+            // Stream B one n-fragment at a time.
             #pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                // split the B fragments of this k-step into TF32 hi / lo parts
-                unsigned bh0[8], bh1[8], bl0[8], bl1[8];
-                #pragma unroll
-                for (int ni = 0; ni < 8; ++ni) {
-                    const float f0 = (q == 0) ? bv[ni].x : bv[ni].z;
-                    const float f1 = (q == 0) ? bv[ni].y : bv[ni].w;
-                    split_tf32(f0, bh0[ni], bl0[ni]);
-                    split_tf32(f1, bh1[ni], bl1[ni]);
-                }
+            for (int ni = 0; ni < 8; ++ni) {
+                const float2 bv = *reinterpret_cast<const float2*>(Bp + (ni * 8) * SROW + 4 * s);
+                unsigned bh0, bl0, bh1, bl1;
+                split_tf32(bv.x, bh0, bl0);   // logical k=t,   col g
+                split_tf32(bv.y, bh1, bl1);   // logical k=t+4, col g
 
                 #pragma unroll
                 for (int mi = 0; mi < 4; ++mi) {
-                    const float4 lo = *reinterpret_cast<const float4*>(Ap + (mi * 16) * SROW + 4 * j);
-                    const float4 hi = *reinterpret_cast<const float4*>(Ap + (mi * 16 + 8) * SROW + 4 * j);
-                    const float a0f = (q == 0) ? lo.x : lo.z;   // row g,   logical k=t
-                    const float a1f = (q == 0) ? hi.x : hi.z;   // row g+8, logical k=t
-                    const float a2f = (q == 0) ? lo.y : lo.w;   // row g,   logical k=t+4
-                    const float a3f = (q == 0) ? hi.y : hi.w;   // row g+8, logical k=t+4
-                    unsigned ah0, ah1, ah2, ah3, al0, al1, al2, al3;
-                    split_tf32(a0f, ah0, al0);
-                    split_tf32(a1f, ah1, al1);
-                    split_tf32(a2f, ah2, al2);
-                    split_tf32(a3f, ah3, al3);
-
-                    #pragma unroll
-                    for (int ni = 0; ni < 8; ++ni) {
-                        // small terms first, then the big one
-                        mma_tf32(acc[mi][ni], al0, al1, al2, al3, bh0[ni], bh1[ni]);   // a_lo * b_hi
-                        mma_tf32(acc[mi][ni], ah0, ah1, ah2, ah3, bl0[ni], bl1[ni]);   // a_hi * b_lo
-                        mma_tf32(acc[mi][ni], ah0, ah1, ah2, ah3, bh0[ni], bh1[ni]);   // a_hi * b_hi
-                    }
+                    // small terms first, then the big one
+                    mma_tf32(acc[mi][ni], al[mi][0], al[mi][1], al[mi][2], al[mi][3], bh0, bh1);   // a_lo * b_hi
+                    mma_tf32(acc[mi][ni], ah[mi][0], ah[mi][1], ah[mi][2], ah[mi][3], bl0, bl1);   // a_hi * b_lo
+                    mma_tf32(acc[mi][ni], ah[mi][0], ah[mi][1], ah[mi][2], ah[mi][3], bh0, bh1);   // a_hi * b_hi
                 }
             }
         }

@@ -30,13 +30,13 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
-// 3xTF32 split without cvt: x ~= hi + lo, both TF32 bit patterns (low 13 bits zero).
-// hi: integer round-to-nearest (ties away from zero) == cvt.rna.tf32.f32 for finite x.
-// lo: exact fp32 residual x - hi, truncated to TF32.
+// 3xTF32 split in 2 instructions: x == hi + lo exactly.
+// hi: x truncated to TF32 (low 13 mantissa bits cleared) -> an exact TF32 value.
+// lo: exact fp32 residual x - hi (|lo| < 2^-10 |x|), passed raw: the tensor core only
+//     reads the top 19 bits of a .tf32 operand, so no mask is needed.
 __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-    const unsigned h = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    hi = h;
-    lo = __float_as_uint(x - __uint_as_float(h)) & 0xffffe000u;
+    hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
 }
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm volatile(

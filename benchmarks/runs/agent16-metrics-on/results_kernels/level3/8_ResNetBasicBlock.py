@@ -20,11 +20,14 @@ __device__ __forceinline__ float to_tf32(float x) {
     return __uint_as_float(r);
 }
 
-// x = hi + lo + O(2^-22 |x|), both parts exactly representable in TF32.
+// Cheap 3xTF32 split for activations (no cvt):
+// hi: integer round-to-nearest to TF32 (low 13 bits cleared) -> exact TF32 value.
+// lo: exact fp32 residual x - hi, passed raw (the tensor core ignores its low 13 bits).
 __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-    const float h = to_tf32(x);
-    hi = __float_as_uint(h);
-    lo = __float_as_uint(to_tf32(x - h));
+    const unsigned u = __float_as_uint(x);
+    const unsigned h = (u + 0x1000u) & 0xffffe000u;
+    hi = h;
+    lo = __float_as_uint(x - __uint_as_float(h));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -85,8 +88,10 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
           "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
 }
 
-// ---------------------------------------------------------------- K0: conv2 weight permutation
-// Layout: [cb][chunk(8 ci)][tap 9][jp 4][lane 32][4] ; e: 0 b0(j=2jp) 1 b1(j=2jp) 2 b0(j=2jp+1) 3 b1(j=2jp+1)
+// ---------------------------------------------------------------- K0: conv2 weight permutation + hi/lo split
+// Layout: [cb][chunk(8 ci)][tap 9][jp 4][hl 2][lane 32][4]
+//   hl 0: hi = tf32(v), hl 1: lo = tf32(v - hi)
+//   e: 0 b0(j=2jp) 1 b1(j=2jp) 2 b0(j=2jp+1) 3 b1(j=2jp+1)
 extern "C" __global__ void k_perm_w2(const float* __restrict__ w2, float* __restrict__ wp,
                                      int C, int NCH, int total)
 {
@@ -94,8 +99,9 @@ extern "C" __global__ void k_perm_w2(const float* __restrict__ w2, float* __rest
     if (idx >= total) return;
     const int e = idx & 3;
     const int lane = (idx >> 2) & 31;
-    const int jp = (idx >> 7) & 3;
-    int rest = idx >> 9;
+    const int hl = (idx >> 7) & 1;
+    const int jp = (idx >> 8) & 3;
+    int rest = idx >> 10;
     const int t = rest % 9; rest /= 9;
     const int c = rest % NCH;
     const int cb = rest / NCH;
@@ -105,7 +111,8 @@ extern "C" __global__ void k_perm_w2(const float* __restrict__ w2, float* __rest
     const int ci = c * 8 + tig + ((e & 1) ? 4 : 0);
     float v = 0.f;
     if (co < C && ci < C) v = w2[((size_t)co * C + ci) * 9 + t];
-    wp[idx] = v;                     // full FP32; hi/lo split is done at use (3xTF32)
+    const float hi = to_tf32(v);
+    wp[idx] = hl ? to_tf32(v - hi) : hi;   // 3xTF32 split done once here
 }
 
 // ---------------------------------------------------------------- K1: conv1 + BN1 stats + x moments
@@ -312,7 +319,7 @@ k_bnds_finalize(const float* __restrict__ part, int nblk, int qbase,
 #define HALO_H 10
 #define PLANE 344            // 340 padded so that 4 consecutive planes hit distinct bank groups
 #define IN_STAGE (8 * PLANE)
-#define W_STAGE 4608         // 9 taps * 8 ci * 64 co
+#define W_STAGE 9216         // 9 taps * 8 ci * 64 co * 2 (hi, lo)
 #define NLD 11               // ceil(340 / 32)
 
 __device__ __forceinline__ void load_w_stage(const float* src, float* dst, int tid) {
@@ -433,19 +440,17 @@ k_conv2_tc(const float* __restrict__ y1, const float* __restrict__ scale1, const
                 const int t = r * 3 + s;
 #pragma unroll
                 for (int jp = 0; jp < 4; ++jp) {
-                    const float4 b = sW4[(t * 4 + jp) * 32 + lane];
-                    const float bxh = to_tf32(b.x), bxl = to_tf32(b.x - bxh);
-                    const float byh = to_tf32(b.y), byl = to_tf32(b.y - byh);
-                    const float bzh = to_tf32(b.z), bzl = to_tf32(b.z - bzh);
-                    const float bwh = to_tf32(b.w), bwl = to_tf32(b.w - bwh);
+                    // weights arrive pre-split (K0): hi block, then lo block, 128 floats each
+                    const float4 bh = sW4[((t * 4 + jp) * 2 + 0) * 32 + lane];
+                    const float4 bl = sW4[((t * 4 + jp) * 2 + 1) * 32 + lane];
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt) {
-                        mma_tf32(acc[mt][2 * jp], al[mt], bxh, byh);
-                        mma_tf32(acc[mt][2 * jp], ah[mt], bxl, byl);
-                        mma_tf32(acc[mt][2 * jp], ah[mt], bxh, byh);
-                        mma_tf32(acc[mt][2 * jp + 1], al[mt], bzh, bwh);
-                        mma_tf32(acc[mt][2 * jp + 1], ah[mt], bzl, bwl);
-                        mma_tf32(acc[mt][2 * jp + 1], ah[mt], bzh, bwh);
+                        mma_tf32(acc[mt][2 * jp], al[mt], bh.x, bh.y);
+                        mma_tf32(acc[mt][2 * jp], ah[mt], bl.x, bl.y);
+                        mma_tf32(acc[mt][2 * jp], ah[mt], bh.x, bh.y);
+                        mma_tf32(acc[mt][2 * jp + 1], al[mt], bh.z, bh.w);
+                        mma_tf32(acc[mt][2 * jp + 1], ah[mt], bl.z, bl.w);
+                        mma_tf32(acc[mt][2 * jp + 1], ah[mt], bh.z, bh.w);
                     }
                 }
             }
@@ -648,10 +653,10 @@ class ModelNew(nn.Module):
         w2 = self.conv2.weight.detach().contiguous()
         wd = self.downsample[0].weight.detach().contiguous()
 
-        # K0: permute conv2 weights into mma fragment order (tf32-rounded)
+        # K0: permute conv2 weights into mma fragment order, pre-split into TF32 hi/lo
         CB = (C + 63) // 64
         NCH = (C + 7) // 8
-        total = CB * NCH * 4608
+        total = CB * NCH * 9216
         wperm = torch.empty(total, device=dev, dtype=f32)
         k.k_perm_w2(((total + 255) // 256,), (256,), (w2, wperm, C, NCH, total))
 
@@ -686,7 +691,7 @@ class ModelNew(nn.Module):
         nblk2 = tilesW * tilesH * N
         part2 = torch.empty(2 * C * nblk2, device=dev, dtype=f32)
         y2 = torch.empty_like(y1)
-        smem3 = (2 * (2752 + 4608) + 128) * 4
+        smem3 = (2 * (2752 + 9216) + 128) * 4
         k.k_conv2_tc((tilesW * tilesH, N, CB), (256,),
                      (y1, scale1, shift1, wperm, y2, part2, C, Ho, Wo, tilesW), shared_mem=smem3)
 
