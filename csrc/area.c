@@ -66,8 +66,8 @@ static PyObject *area_create(PyObject *module, PyObject *args)
     if (cf_ensure_context(st, -1, &dev) < 0)
         return NULL;
     area_properties(&prop, dev);
-    CF_CU(cf_cu.cuMemGetAllocationGranularity(&granularity, &prop,
-                                              CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CF_CU(
+        cf_cu.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     if (granularity == 0 || want > (unsigned long long)SIZE_MAX - granularity) {
         PyErr_Format(PyExc_ValueError, "area_create: %llu bytes cannot be allocated", want);
         return NULL;

@@ -86,7 +86,7 @@ cf_state *cf_state_from_type(PyTypeObject *type);
     X(cuStreamSetAttribute, 11000)                                                                 \
     X(cuMemGetInfo, 3020)                                                                          \
     X(cuMemsetD32Async, 3020)                                                                      \
-    /* area.c: device memory shared with another process (virtual memory management) */           \
+    /* area.c: device memory shared with another process (virtual memory management) */            \
     X(cuMemGetAllocationGranularity, 10020)                                                        \
     X(cuMemCreate, 10020)                                                                          \
     X(cuMemRelease, 10020)                                                                         \

@@ -64,18 +64,12 @@ static int cf_strings_exec(PyObject *m)
 }
 
 static PyModuleDef_Slot cf_slots[] = {
-    {Py_mod_exec, cf_strings_exec},
-    {Py_mod_exec, cf_errors_exec},
-    {Py_mod_exec, cf_loader_exec},
-    {Py_mod_exec, cf_compile_exec},
-    {Py_mod_exec, cf_launch_exec},
-    {Py_mod_exec, cf_device_exec},
-    {Py_mod_exec, cf_area_exec},
-    {Py_mod_exec, cf_timing_exec},
-    {Py_mod_exec, cf_profiler_host_exec},
-    {Py_mod_exec, cf_profiler_range_exec},
-    {Py_mod_exec, cf_http_exec},
-    {0, NULL},
+    {Py_mod_exec, cf_strings_exec},       {Py_mod_exec, cf_errors_exec},
+    {Py_mod_exec, cf_loader_exec},        {Py_mod_exec, cf_compile_exec},
+    {Py_mod_exec, cf_launch_exec},        {Py_mod_exec, cf_device_exec},
+    {Py_mod_exec, cf_area_exec},          {Py_mod_exec, cf_timing_exec},
+    {Py_mod_exec, cf_profiler_host_exec}, {Py_mod_exec, cf_profiler_range_exec},
+    {Py_mod_exec, cf_http_exec},          {0, NULL},
 };
 
 static PyModuleDef cf_module_def = {
