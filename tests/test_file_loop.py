@@ -136,6 +136,8 @@ def test_the_coder_gets_the_target_and_the_judge_the_measurements(tmp_path):
     tolerance = f"atol = rtol =\n{DEFAULT_ATOL['float32']:g} for float32"
     assert "The rules the Coder works under" in judge_prompt and tolerance in judge_prompt
     assert "{rules}" not in judge_prompt and "{float32_tolerance}" not in judge_prompt
+    # and the target the Coder's kernels are built for, so that advice can use all of it
+    assert this_machine_target().text in judge_prompt and "{target}" not in judge_prompt
 
 
 def test_bench_full_size_renders_the_problems_own_sizes_without_a_gpu(tmp_path, capsys):

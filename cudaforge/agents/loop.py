@@ -105,9 +105,15 @@ class Judge(Agent):
     role = "judge"
     templates: ClassVar[dict[str, str]] = {"repair": "judge_repair", "optimize": "judge_optimize"}
 
+    def __init__(self, provider: Provider, prompts: Prompts | None = None, target: str = ""):
+        super().__init__(provider, prompts)
+        self.target = target or this_machine_target().text
+
     def messages(self, task: str, **values: str) -> Messages:
         # the Coder's rules, one text for both tasks, with the harness's own default tolerance
-        rules = self.prompts.render("judge_rules", float32_tolerance=f"{DEFAULT_ATOL['float32']:g}")
+        # and the target the Coder's kernels are built for (advice may use all of it)
+        rules = self.prompts.render("judge_rules", target=self.target,
+                                    float32_tolerance=f"{DEFAULT_ATOL['float32']:g}")  # fmt: skip
         return super().messages(task, rules=rules.strip(), **values)
 
 
@@ -515,7 +521,7 @@ def run_loop(
     log = Transcript(path)
     run = _Run(
         problem_source, evaluate, Coder(coder_provider, prompts, target_text),
-        Judge(judge_provider, prompts), config, log, recorded,
+        Judge(judge_provider, prompts, target_text), config, log, recorded,
     )  # fmt: skip
     if recorded is not None:
         run.needs_gpu = recorded.on_gpu and not target.on_gpu
