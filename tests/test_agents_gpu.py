@@ -1,6 +1,7 @@
 """The Coder/Judge loop on the GPU with scripted replies (hand-written FIXTURE kernels, not model
 output) on two dev problems: a correct but slow kernel first, then the shipped fast one; the loop
-must end with the fastest correct kernel."""
+must end with the fastest correct kernel. And forge with the `file:` provider, answered by a
+real model's committed replies (not fixtures) for two rounds."""
 
 from __future__ import annotations
 
