@@ -123,3 +123,13 @@ def test_profiling_does_not_depend_on_the_harness():
 
     graph = test_layout.python_imports()
     assert not [m for m in graph["cudaforge.profiling.measurements"] if ".harness" in m]
+
+
+def test_kernel_times_from_cupti_records_are_per_forward_and_largest_first():
+    records = [{"name": "mine", "duration_ns": 1000}, {"name": "gemm", "duration_ns": 4000},
+               {"name": "mine", "duration_ns": 3000}, {"name": "gemm", "duration_ns": 6000}]  # fmt: skip
+    kernels = KernelTime.from_records(records, runs=2, own={"mine"})
+    assert [k.name for k in kernels] == ["gemm", "mine"]
+    gemm, mine = kernels
+    assert (gemm.calls, gemm.total_us, gemm.mean_us, gemm.own) == (1, 5.0, 5.0, False)
+    assert (mine.calls, mine.total_us, mine.mean_us, mine.own) == (1, 2.0, 2.0, True)

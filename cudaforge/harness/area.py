@@ -15,18 +15,7 @@ from __future__ import annotations
 import socket
 
 from . import wire
-
-
-class _CudaArray:
-    """A raw device pointer as a flat byte array torch can view (__cuda_array_interface__)."""
-
-    def __init__(self, pointer: int, size: int):
-        self.__cuda_array_interface__ = {
-            "shape": (size,),
-            "typestr": "|u1",
-            "data": (pointer, False),
-            "version": 2,
-        }
+from .guards import DeviceBytes
 
 
 class DeviceArea:
@@ -36,7 +25,7 @@ class DeviceArea:
         import torch
 
         self.pointer, self.size, self.device = pointer, size, device
-        self.bytes = torch.as_tensor(_CudaArray(pointer, size), device=device)
+        self.bytes = torch.as_tensor(DeviceBytes(pointer, size), device=device)
 
     def view(self, offset: int, nbytes: int):
         """The bytes at [offset, offset + nbytes) as a uint8 tensor on the device, no copy."""

@@ -294,14 +294,14 @@ class _Poison:
             for block in segment["blocks"]:
                 start = block.get("address", address)
                 if block["state"] == "inactive" and block["size"] > 0:
-                    view = torch.as_tensor(_DeviceBytes(start, block["size"]), device=self.device)
+                    view = torch.as_tensor(DeviceBytes(start, block["size"]), device=self.device)
                     view.fill_(0xFF)
                     poisoned += block["size"]
                 address = start + block["size"]
         return poisoned
 
 
-class _DeviceBytes:
+class DeviceBytes:
     """A raw device range as an object torch.as_tensor can view (CUDA array interface)."""
 
     def __init__(self, pointer: int, size: int):

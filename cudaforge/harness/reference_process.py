@@ -6,8 +6,8 @@ point are refused at import (`_NoCandidates`), the one place a candidate is exec
 that carries a candidate's source ends the process.
 
 For each evaluation the pool sends "begin" (the problem and the options, as JSON) with the two
-ends of the channel to the candidate's worker (a pipe from it, a Unix socket to it) (SCM_RIGHTS over the control socket). The process rebuilds the
-reference Model, then answers each output the worker sends (in a device area it lends the
+ends of the channel to the candidate's worker, a pipe from it and a Unix socket to it (SCM_RIGHTS
+over the control socket). The process rebuilds the reference Model, then answers each output the worker sends (in a device area it lends the
 worker on a GPU, area.py, else as host copies; wire.recv_tensors, their total size bounded by
 the reference's own outputs) with a Judgement: first to the pool ("checked"), then to the
 worker. "end" closes the pipes, frees the models and the area ("ended")."""

@@ -57,6 +57,26 @@ class KernelTime:
     mean_us: float
     own: bool  # compiled by the candidate (not a torch/cuBLAS kernel)
 
+    @staticmethod
+    def from_records(records, runs: int, own) -> list[KernelTime]:
+        """One KernelTime per kernel name of CUPTI's kernel `records` (dicts with "name" and
+        "duration_ns") over `runs` forwards, the most total time first; `own`: the names that are
+        the candidate's."""
+        per_name: dict[str, list[int]] = {}
+        for rec in records:
+            per_name.setdefault(rec["name"], []).append(rec["duration_ns"])
+        kernels = [
+            KernelTime(
+                name=name,
+                calls=round(len(d) / runs) or 1,
+                total_us=sum(d) / runs / 1e3,
+                mean_us=sum(d) / len(d) / 1e3,
+                own=name in own,
+            )
+            for name, d in per_name.items()
+        ]
+        return sorted(kernels, key=lambda k: -k.total_us)
+
 
 @dataclass
 class EvalResult:

@@ -288,7 +288,7 @@ class Slot:
                            int(report.get("call", -1)), int(report.get("of", 0)), judgement,
                            via=str(report.get("via", "host")))  # fmt: skip
         elif kind == "lent":
-            verdict.lent(int(report.get("bytes") or 0), str(report.get("why") or "")[:500])
+            verdict.lent(str(report.get("why") or "")[:500])
         elif kind == "begun":
             verdict.usable_extra = list(report.get("usable_extra") or [])
         elif kind == "broken":

@@ -274,22 +274,7 @@ class TimingPhases(Evaluation):
                 "kernel(s) named like the reference's own were not counted as the candidate's: "
                 + ", ".join(sorted(borrowed))
             )
-        per_name: dict[str, list[int]] = {}
-        for rec in cand.records:
-            per_name.setdefault(rec["name"], []).append(rec["duration_ns"])
-        r.kernels = sorted(
-            (
-                KernelTime(
-                    name=name,
-                    calls=round(len(d) / runs) or 1,
-                    total_us=sum(d) / runs / 1e3,
-                    mean_us=sum(d) / len(d) / 1e3,
-                    own=name in own,
-                )
-                for name, d in per_name.items()
-            ),
-            key=lambda k: -k.total_us,
-        )
+        r.kernels = KernelTime.from_records(cand.records, runs, own)
         total = sum(k.total_us for k in r.kernels)
         own_total = sum(k.total_us for k in r.kernels if k.own)
         r.own_kernel_share = own_total / total if total > 0 else 0.0

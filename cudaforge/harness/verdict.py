@@ -46,8 +46,8 @@ class Verdict:
                 self.fired.setdefault(guard, detail)
         self.error = self.error or judgement.error
 
-    def lent(self, nbytes: int, why: str) -> None:
-        """The reference process lent a device area of `nbytes` (or, with `why`, did not)."""
+    def lent(self, why: str) -> None:
+        """The reference process lent a device area (or, with `why`, did not)."""
         if why:
             self.area_refused = why
 

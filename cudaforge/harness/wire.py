@@ -186,6 +186,12 @@ def _tensor_bytes(dtype: Any, shape: Any, where: str) -> int:
     return math.prod(shape) * ITEMSIZE[dtype]
 
 
+def _listed(i: int, dtype: str, shape: Sequence[int]) -> dict:
+    """The "tensors" entry of tensor `i`: its dtype, shape and byte count, checked."""
+    return {"dtype": dtype, "shape": list(shape),
+            "nbytes": _tensor_bytes(dtype, list(shape), f"tensor {i}")}  # fmt: skip
+
+
 def send_tensors(fd: int, header: dict, tensors: Sequence[tuple[str, Sequence[int], Any]]) -> None:
     """Send `header` (a JSON-able dict) with a "tensors" entry listing each tensor's dtype, shape
     and byte count, then each tensor's bytes (bytes-like, little-endian, C order) as a frame."""
@@ -196,10 +202,10 @@ def send_tensors(fd: int, header: dict, tensors: Sequence[tuple[str, Sequence[in
     listed, views = [], []
     for i, (dtype, shape, data) in enumerate(tensors):
         view = _byte_view(data)
-        nbytes = _tensor_bytes(dtype, list(shape), f"tensor {i}")
-        if view.nbytes != nbytes:
+        entry = _listed(i, dtype, shape)
+        if view.nbytes != entry["nbytes"]:
             raise ValueError(f"tensor {i}: {view.nbytes} bytes for {dtype} {list(shape)}")
-        listed.append({"dtype": dtype, "shape": list(shape), "nbytes": nbytes})
+        listed.append(entry)
         views.append(view)
     send(fd, {**header, "tensors": listed})
     for view in views:
@@ -222,10 +228,7 @@ def send_in_area(fd: int, header: dict, specs: Sequence[tuple[str, Sequence[int]
     already written into the receiver's device area, at area_layout's offsets."""
     if "tensors" in header or "in_area" in header:
         raise ValueError('the header has its own "tensors" or "in_area" entry')
-    listed = []
-    for i, (dtype, shape) in enumerate(specs):
-        nbytes = _tensor_bytes(dtype, list(shape), f"tensor {i}")
-        listed.append({"dtype": dtype, "shape": list(shape), "nbytes": nbytes})
+    listed = [_listed(i, dtype, shape) for i, (dtype, shape) in enumerate(specs)]
     send(fd, {**header, "tensors": listed, "in_area": True})
 
 

@@ -88,20 +88,7 @@ def _time_forward(torch, fn, iterations, warmup, device, own) -> ForwardTiming:
             notes = []
     times = [s.elapsed_time(e) for s, e in events]
     forward_ms = statistics.median(times)
-    per_name: dict[str, list[int]] = {}
-    for r in records:
-        per_name.setdefault(r["name"], []).append(r["duration_ns"])
-    kernels = [
-        KernelTime(
-            name=name,
-            calls=round(len(d) / iterations) or 1,
-            total_us=sum(d) / iterations / 1e3,
-            mean_us=sum(d) / len(d) / 1e3,
-            own=name in own,
-        )
-        for name, d in per_name.items()
-    ]
-    kernels.sort(key=lambda k: -k.total_us)
+    kernels = KernelTime.from_records(records, iterations, own)
     kernel_ms = sum(k.total_us for k in kernels) / 1e3
     if records and kernel_ms > 1.10 * forward_ms + 0.005:
         notes.append(
