@@ -273,6 +273,37 @@ def test_slower_candidate_is_not_continued_from(tmp_path):
     assert "not faster than round 1" in last_judge
 
 
+class IntervalEvaluator(CPUEvaluator):
+    """CPUEvaluator whose results carry a 95% interval of +-2% around the marked time."""
+
+    def __call__(self, problem_source: str, source: str) -> EvalResult:
+        result = super().__call__(problem_source, source)
+        if result.ok:
+            result.candidate_low_ms = result.candidate_ms * 0.98
+            result.candidate_high_ms = result.candidate_ms * 1.02
+        return result
+
+
+def test_a_candidate_within_the_noise_of_the_best_is_a_tie_not_faster(tmp_path):
+    coder = ScriptedProvider(
+        [
+            coder_reply(candidate(CORRECT, 1.0)),
+            coder_reply(candidate(CORRECT + "  # 1% faster", 0.99)),  # intervals overlap
+            coder_reply(candidate(CORRECT + "  # 10% faster", 0.9)),
+        ]
+    )
+    judge = ScriptedProvider([JUDGE_OPTIMIZE, JUDGE_OPTIMIZE, JUDGE_STOP])
+    out = run_loop(PROBLEM, IntervalEvaluator(), coder=coder, judge=judge, rounds=3,
+                   transcript=tmp_path / "t")  # fmt: skip
+    assert [a.result.candidate_ms for a in out.attempts] == [1.0, 0.99, 0.9]
+    third = prompt_of(judge, 1)  # the Judge before round 3: the tie is in the history
+    assert "a tie within noise with round 1 (1 ms, the time intervals overlap)" in third
+    assert candidate(CORRECT, 1.0) in third  # round 3 continues from round 1, not the tie
+    assert out.best.round == 3  # beyond the noise: faster
+    bests = [e for e in read_transcript(out.transcript) if e["kind"] == "best"]
+    assert [e["round"] for e in bests] == [1, 3]
+
+
 def test_rounds_budget(tmp_path):
     coder = ScriptedProvider([coder_reply(candidate(CORRECT, 1.0 / (i + 1))) for i in range(5)])
     judge = ScriptedProvider([JUDGE_OPTIMIZE] * 5)

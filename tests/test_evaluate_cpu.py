@@ -117,6 +117,42 @@ def test_correct_candidate_is_ok_with_times_and_the_schema_filled(pool):
     assert {"load", "correctness", "timing", "revalidation", "total"} <= set(r.phase_seconds)
 
 
+def test_on_a_cpu_the_fixed_rule_times_the_sides_one_after_the_other(pool):
+    r = pool.evaluate(RELU, GOOD_RELU, **FAST)
+    assert r.status == "ok", r.error
+    assert r.timing["rule"] == "fixed" and r.timing["order"] == "sequential"  # "auto" on a CPU
+    eager = r.timing["candidate_eager"]
+    assert eager["stop"] == "fixed" and eager["runs"] == 6 and eager["median_ms"] == r.candidate_ms
+    # 6 runs give a 95% interval: from the fastest run to the slowest
+    runs = r.timing["candidate_runs_ms"]
+    assert r.candidate_low_ms == pytest.approx(min(runs), abs=1e-6)
+    assert r.candidate_high_ms == pytest.approx(max(runs), abs=1e-6)
+    assert r.timing["speedup_basis"] == "eager"
+    assert r.timing["graph"] == "not tried: needs a CUDA GPU"
+
+
+def test_the_adaptive_rule_interleaves_the_sides_until_the_rule_holds(pool):
+    opts = {**FAST, "timing_rule": "adaptive", "min_runs": 6, "max_runs": 40,
+            "time_budget_s": 0.5, "precision": 0.05}  # fmt: skip
+    r = pool.evaluate(RELU, GOOD_RELU, **opts)
+    assert r.status == "ok", r.error
+    assert r.timing["rule"] == "adaptive" and r.timing["order"] == "interleaved"
+    assert r.timing["precision"] == 0.05 and r.timing["max_runs"] == 40
+    cand, ref = r.timing["candidate_eager"], r.timing["reference_eager"]
+    assert cand["runs"] == ref["runs"] == r.timing["runs"]  # interleaved: as many runs each
+    assert 6 <= cand["runs"] <= 40 and len(r.timing["candidate_runs_ms"]) == cand["runs"]
+    for side, who in ((cand, "candidate"), (ref, "reference")):
+        assert side["stop"] in ("precision", "budget", "max_runs")
+        assert side["low_ms"] <= side["median_ms"] <= side["high_ms"]
+        met = (side["high_ms"] - side["low_ms"]) / 2 <= 0.05 * side["median_ms"]
+        assert side["stop"] == "precision" or not met  # a side within precision says so
+        assert getattr(r, f"{who}_low_ms") == side["low_ms"]
+        assert getattr(r, f"{who}_high_ms") == side["high_ms"]
+    assert r.speedup == pytest.approx(r.reference_ms / r.candidate_ms)
+    assert r.timing["speedup_basis"] == "eager" and "candidate_graph" not in r.timing
+    assert EvalResult.from_json(r.to_json()).candidate_high_ms == cand["high_ms"]
+
+
 def test_results_round_trip_through_json(pool):
     ok = pool.evaluate(RELU, GOOD_RELU, **FAST)
     bad = pool.evaluate(RELU, candidate("return x"), **FAST)
@@ -482,6 +518,45 @@ def _measurement(records, times=(0.05, 0.05)):
     from cudaforge.harness.timing import _Measurement
 
     return _Measurement(list(times), records, [], [0.06, 0.06], [0.05, 0.05])
+
+
+def _summary(median, low, high, stop="precision"):
+    from cudaforge.harness.stopping import TimeSummary
+
+    return TimeSummary(median, low, high, 40, stop, 0.01, median, low)
+
+
+def test_graphs_are_tried_only_for_short_forwards_and_when_asked():
+    run, r = _evaluation()
+    run.cuda = True  # the decision before any CUDA call
+    assert run.graph_timing(_summary(0.2, 0.19, 0.21), _summary(0.06, 0.059, 0.061), None) is None
+    assert r.timing["graph"].startswith("not tried: the shorter forward takes 0.06 ms")
+    run.opts.cuda_graphs = False
+    assert run.graph_timing(_summary(0.01, 0.009, 0.011), _summary(1, 0.9, 1.1), None) is None
+    assert r.timing["graph"] == "off (cuda_graphs=False)"
+
+
+def test_the_speedup_uses_graph_times_only_where_both_sides_have_them():
+    from cudaforge.harness.timing import _Measurement
+
+    run, r = _evaluation()
+    cand = _Measurement([0.05, 0.051, 0.049], None, [], [], [],
+                        summary=_summary(0.05, 0.049, 0.051))  # fmt: skip
+    ref = _Measurement([0.07, 0.071, 0.069], None, [], [], [],
+                       summary=_summary(0.07, 0.069, 0.071))  # fmt: skip
+    run.record_times(cand, ref, None)
+    assert (r.candidate_ms, r.reference_ms, r.timing["speedup_basis"]) == (0.05, 0.07, "eager")
+    assert (r.candidate_low_ms, r.reference_high_ms) == (0.049, 0.071)
+    graph = (_summary(0.02, 0.0199, 0.0201), _summary(0.045, 0.0448, 0.0452))
+    run.record_times(cand, ref, graph)
+    assert (r.candidate_ms, r.reference_ms, r.timing["speedup_basis"]) == (0.02, 0.045, "graph")
+    assert r.timing["candidate_eager"]["median_ms"] == 0.05
+    assert r.timing["reference_graph"]["high_ms"] == 0.0452
+    # torch.compile's time is eager: the candidate's eager time is held against it
+    r.compiled_reference_ms, r.correct, r.status = 0.06, True, "ok"
+    run.finish()
+    assert r.speedup == pytest.approx(0.045 / 0.02)
+    assert r.speedup_vs_compile == pytest.approx(0.06 / 0.05)
 
 
 def test_kernel_breakdown_finds_own_kernels_and_their_share():

@@ -3,6 +3,7 @@ the H200 (tests/fixtures/profile_h200.json) and on results without a profile."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -133,3 +134,27 @@ def test_kernel_times_from_cupti_records_are_per_forward_and_largest_first():
     gemm, mine = kernels
     assert (gemm.calls, gemm.total_us, gemm.mean_us, gemm.own) == (1, 5.0, 5.0, False)
     assert (mine.calls, mine.total_us, mine.mean_us, mine.own) == (1, 2.0, 2.0, True)
+
+
+def test_intervals_runs_and_a_tie_within_noise():
+    tied = result_with(None, candidate_ms=1.0, reference_ms=1.01, speedup=1.01,
+                       candidate_low_ms=0.99, candidate_high_ms=1.02, reference_low_ms=1.0,
+                       reference_high_ms=1.03,
+                       timing={"speedup_basis": "eager", "candidate_eager": {"runs": 36}})  # fmt: skip
+    line = measurements_text(tied).splitlines()[0]
+    assert line.startswith("time per forward: 1 ms (95% interval 0.99 ms to 1.02 ms, 36 runs;")
+    assert "eager PyTorch 1.01 ms (1 ms to 1.03 ms), speedup 1.01x (a tie within noise" in line
+    apart = dataclasses.replace(tied, reference_ms=1.2, reference_low_ms=1.18,
+                                reference_high_ms=1.22, speedup=1.2)  # fmt: skip
+    assert "tie within noise" not in measurements_text(apart)
+    assert "tie within noise" not in measurements_text(result_with(None))  # no intervals
+
+
+def test_graph_replays_are_said_with_the_eager_figures():
+    graph = result_with(None, candidate_ms=0.02, reference_ms=0.03, speedup=1.5,
+                        timing={"speedup_basis": "graph",
+                                "candidate_eager": {"median_ms": 0.045, "runs": 40},
+                                "reference_eager": {"median_ms": 0.05, "runs": 40}})  # fmt: skip
+    line = measurements_text(graph).splitlines()[0]
+    assert "as CUDA-graph replays; PyTorch 30 us, speedup 1.5x" in line
+    assert "eagerly (launched from Python): 45 us vs PyTorch 50 us, 1.11x" in line

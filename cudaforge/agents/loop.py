@@ -10,9 +10,11 @@ from the latest candidate:
   line `VERDICT: STOP` (no further gain in sight) ends the run;
 - the Coder's reply held no code: the Coder is asked again for the code block (no Judge call).
 
-A correct candidate that is slower than the fastest one so far is not continued from: the next
-round starts again from the fastest, and the Judge sees in the history what did not help. The
-fastest correct candidate is kept. The run stops at a budget (rounds, dollars, wall time), when
+A correct candidate that is not faster than the fastest one so far is not continued from: the
+next round starts again from the fastest, and the Judge sees in the history what did not help.
+"Faster" is beyond the noise: a candidate whose time's confidence interval overlaps the fastest's
+is a tie, said so in the history, and the earlier one stays (harness.ties; medians decide for
+records without intervals). The fastest correct candidate is kept. The run stops at a budget (rounds, dollars, wall time), when
 the Judge says stop, or when a model cannot be reached. With candidates=k, k independent lanes
 run side by side each round (threads; `evaluate` must then be thread-safe).
 
@@ -39,6 +41,7 @@ from typing import Any, ClassVar
 from ..errors import LLMError
 from ..harness.options import DEFAULT_ATOL
 from ..harness.results import EvalResult
+from ..harness.ties import compare_results
 from ..profiling.measurements import measurements_text
 from .evidence import clip, failure_text, number_text
 from .file_provider import FileProvider, RepliesPending
@@ -160,6 +163,14 @@ def _speed_key(result: EvalResult) -> tuple[float, float]:
     """Smaller is faster: the candidate's time, else the inverse of its speedup."""
     ms = result.candidate_ms if result.candidate_ms is not None else math.inf
     return (ms, -(result.speedup or 0.0))
+
+
+def _versus(result: EvalResult, best: EvalResult) -> str:
+    """Whether `result` is "faster", "slower" or a "tie" against `best` (the tie rule); by _speed_key
+    where either has no time (a result that only gives a speedup)."""
+    if result.candidate_ms is None or best.candidate_ms is None:
+        return "faster" if _speed_key(result) < _speed_key(best) else "slower"
+    return compare_results(result, best)[0]
 
 
 @dataclass
@@ -415,14 +426,17 @@ class _Run:
                 f", {number_text(result.candidate_ms, ' ms')}, "
                 f"speedup {number_text(result.speedup, 'x', 3)}"
             )
-            if lane.best is None or _speed_key(result) < _speed_key(lane.best.result):
+            versus = "faster" if lane.best is None else _versus(result, lane.best.result)
+            if versus == "faster":
                 lane.best = attempt
                 lane.current = attempt
             else:
+                what = "a tie within noise with" if versus == "tie" else "not faster than"
                 line += (
-                    f"; not faster than round {lane.best.round} "
-                    f"({number_text(lane.best.result.candidate_ms, ' ms')}), which the next round "
-                    "continues from"
+                    f"; {what} round {lane.best.round} "
+                    f"({number_text(lane.best.result.candidate_ms, ' ms')}"
+                    f"{', the time intervals overlap' if versus == 'tie' else ''}), which the "
+                    "next round continues from"
                 )
                 lane.current = lane.best
         else:
@@ -433,7 +447,7 @@ class _Run:
         with self._lock:
             self.attempts.append(attempt)
             improved = attempt.ok and (
-                self.best is None or _speed_key(result) < _speed_key(self.best.result)
+                self.best is None or _versus(result, self.best.result) == "faster"
             )
             if improved:
                 self.best = attempt

@@ -80,8 +80,8 @@ def _fill_in(result: EvalResult, entry: dict[str, Any]) -> None:
         result.notes.append(f"{entry.get('note') or COMPILE_FAILED} (kept from {entry['when']})")
         return
     result.compiled_reference_ms = ms
-    if result.candidate_ms:
-        result.speedup_vs_compile = ms / result.candidate_ms
+    if result.eager_candidate_ms:  # eager on both sides (the speedup may use graph replays)
+        result.speedup_vs_compile = ms / result.eager_candidate_ms
     result.timing["compiled_reference"] = f"measured once for this problem, {entry['when']}"
 
 

@@ -88,8 +88,9 @@ class Evaluation:
                 )
         if r.candidate_ms and r.reference_ms:
             r.speedup = r.reference_ms / r.candidate_ms
-        if r.candidate_ms and r.compiled_reference_ms:
-            r.speedup_vs_compile = r.compiled_reference_ms / r.candidate_ms
+        eager = r.eager_candidate_ms  # torch.compile's time is eager: so is the candidate's here
+        if eager and r.compiled_reference_ms:
+            r.speedup_vs_compile = r.compiled_reference_ms / eager
 
     def record_guards(self) -> None:
         r = self.result

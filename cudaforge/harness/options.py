@@ -30,7 +30,24 @@ class EvalOptions:
     """Everything an evaluation is parameterized by (sent to workers as JSON: options_dict)."""
 
     trials: int = 5
-    timed_runs: int = 100
+    # how the timed runs are counted: "adaptive" (candidate and reference interleaved until the
+    # median's interval is within `precision`, or `time_budget_s` per side, or `max_runs`),
+    # "fixed" (`timed_runs` runs of the candidate, then of the reference: the rule before
+    # adaptive timing), "auto" (adaptive on a GPU, fixed on a CPU, whose wall-clock times are for
+    # tests). See stopping.py and interleave.py.
+    timing_rule: str = "auto"
+    timed_runs: int = 100  # the fixed rule's runs per side
+    precision: float = 0.01  # half-width of the median's 95% interval, over the median
+    time_budget_s: float = 2.0  # s of timed runs per side, at most (adaptive)
+    # runs per side (adaptive): the spread of today's forwards needs ~20-40 runs for 1%; the cap
+    # keeps a noisy forward's evaluation within ~1.5x the fixed rule's time
+    min_runs: int = 20
+    max_runs: int = 250
+    # also time CUDA-graph replays of both sides when a forward takes under graph_below_ms (ms)
+    # eagerly: launching from Python is then much of the time; the speedup uses the graph times
+    # where both sides were captured (timing["speedup_basis"])
+    cuda_graphs: bool = True
+    graph_below_ms: float = 0.05
     # runs after the timed ones, traced by CUPTI (KERNEL records: kernels serialized and timed
     # without instrumenting them; the CONCURRENT_KERNEL kind instruments kernels before Blackwell,
     # which made a 0.21 ms kernel of 262k blocks read 9% longer on the H200); 0: no trace
@@ -115,6 +132,7 @@ def make_options(
         raise ValueError("input_sets must be >= 1")
     if more.get("warmup_s", 0.0) < 0:
         raise ValueError("warmup_s must be >= 0")
+    _check_timing(more)
     if "extra_sizes" in more:
         more["extra_sizes"] = tuple(dict(s) for s in more["extra_sizes"])
     if "ignore_guards" in more:
@@ -131,6 +149,24 @@ def make_options(
         norm_tol=_per_dtype(norm_tol, DEFAULT_NORM_TOL, "norm_tol"),
         **more,
     )
+
+
+TIMING_RULES = ("auto", "adaptive", "fixed")
+
+
+def _check_timing(more: dict[str, Any]) -> None:
+    """ValueError for timing options no evaluation could use."""
+    rule = more.get("timing_rule", "auto")
+    if rule not in TIMING_RULES:
+        raise ValueError(f"timing_rule {rule!r} is not one of {', '.join(TIMING_RULES)}")
+    for name in ("precision", "time_budget_s"):
+        if name in more and not more[name] > 0:
+            raise ValueError(f"{name} must be > 0, not {more[name]}")
+    if more.get("graph_below_ms", 0.0) < 0:
+        raise ValueError("graph_below_ms must be >= 0")
+    low, high = more.get("min_runs", 20), more.get("max_runs", 250)
+    if not 1 <= low <= high:
+        raise ValueError(f"need 1 <= min_runs <= max_runs, got {low} and {high}")
 
 
 def _per_dtype(value, defaults: dict[str, float], what: str) -> dict[str, float]:

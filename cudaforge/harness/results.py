@@ -89,10 +89,19 @@ class EvalResult:
     failure: TrialFailure | None = None
     trials: int = 0
     tolerances: dict[str, float] = field(default_factory=dict)
-    candidate_ms: float | None = None  # median wall time of one forward (CUDA events on a GPU)
+    # median time of one forward (CUDA events on a GPU): of the graph replays where both sides
+    # were captured (timing["speedup_basis"] == "graph"), else of the eager forwards
+    candidate_ms: float | None = None
     candidate_spread: float | None = None  # (p75 - p25) / median
     reference_ms: float | None = None
     reference_spread: float | None = None
+    # the 95% confidence interval of each median (order statistics, harness/stopping.py); None
+    # with too few runs or in records written before it. The per-side details (runs, why they
+    # stopped, eager and graph figures) are timing["candidate_eager"], ["candidate_graph"], ...
+    candidate_low_ms: float | None = None
+    candidate_high_ms: float | None = None
+    reference_low_ms: float | None = None
+    reference_high_ms: float | None = None
     compiled_reference_ms: float | None = None  # torch.compile of the reference, when asked
     speedup: float | None = None  # reference_ms / candidate_ms
     speedup_vs_compile: float | None = None
@@ -118,6 +127,15 @@ class EvalResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def eager_candidate_ms(self) -> float | None:
+        """The candidate's median eager time (ms): candidate_ms, unless the speedup used graph
+        replays (the torch.compile comparison is eager on both sides)."""
+        eager = self.timing.get("candidate_eager") if isinstance(self.timing, dict) else None
+        if isinstance(eager, dict) and isinstance(eager.get("median_ms"), (int, float)):
+            return float(eager["median_ms"])
+        return self.candidate_ms
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

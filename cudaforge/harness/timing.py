@@ -1,7 +1,14 @@
 """The phases of an evaluation that measure a candidate: warm-up, the timed runs (fresh inputs and
 an L2 flush before each, on a harness stream outside the CUDA events), the CUPTI-traced runs, the
 checked runs; the guards read from those times (unmeasured work, own kernels, bandwidth floor);
-and the extras: torch.compile of the reference, the profile hook."""
+and the extras: torch.compile of the reference, the profile hook.
+
+The timed runs follow one of two rules (EvalOptions.timing_rule): "adaptive" interleaves the
+candidate's and the reference's runs (interleave.py) until the median's confidence interval of
+each is within `precision` (stopping.py), the time budget is spent or `max_runs` ran, then times
+CUDA-graph replays of both where a forward is short (graphs.py); "fixed" runs `timed_runs` of
+the candidate, then of the reference (the rule before adaptive timing). The traced and checked
+runs are the same under both."""
 
 from __future__ import annotations
 
@@ -12,10 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..profiling.l2_flush import l2_flush
-from .evaluation import Evaluation, _Stop, one_line, refill
+from .evaluation import _Stop, one_line, refill
+from .graphs import GraphTiming
 from .guards import is_own_kernel
+from .interleave import block_for, time_fixed, time_interleaved
 from .reference import check_seed
 from .results import KernelTime
+from .stopping import StoppingRule, TimeSummary
+from .timed_sides import EagerSide
 from .tracer import _Tracer
 
 # memory bandwidth (bytes/s, datasheet) by device name: the floor no honest forward beats
@@ -38,11 +49,12 @@ DATASHEET_BANDWIDTH = {
 @dataclass
 class _Measurement:
     times: list[float]  # ms per timed run
-    records: list[dict] | None  # CUPTI kernel records of the timed runs (harness stream removed)
+    records: list[dict] | None  # CUPTI kernel records of the traced runs (harness stream removed)
     checked: list  # [(input buffer index, output)] of the checked runs (candidate only)
     synced: list[float]  # wall ms of the synchronized checked runs
     checked_events: list[float]  # event ms of the same runs
     traced: list[float] = field(default_factory=list)  # event ms of the traced runs
+    summary: TimeSummary | None = None  # of `times`: median, interval, runs, why they stopped
 
     @property
     def median(self) -> float:
@@ -60,15 +72,27 @@ class _Measurement:
         return (q3 - q1) / self.median
 
 
-class TimingPhases(Evaluation):
+class TimingPhases(GraphTiming):
     """timing(), compile_reference() and run_profile() of an evaluation."""
+
+    def timing_rule(self) -> str:
+        """The rule in force, "adaptive" or "fixed" ("auto": adaptive on a GPU)."""
+        rule = self.opts.timing_rule
+        if rule == "auto":
+            return "adaptive" if self.cuda else "fixed"
+        return rule
+
+    def stopping_rule(self) -> StoppingRule:
+        o = self.opts
+        return StoppingRule(o.precision, o.time_budget_s, o.min_runs, o.max_runs)
 
     def timing(self) -> None:
         opts, r = self.opts, self.result
-        sets = self.input_set_count()
+        adaptive = self.timing_rule() == "adaptive"
+        sets = self.input_set_count(sides=2 if adaptive else 1)
         r.timing.update(
             method="cuda_events" if self.cuda else "wall_clock",
-            runs=opts.timed_runs,
+            rule="adaptive" if adaptive else "fixed",
             traced_runs=opts.traced_runs if self.cuda else 0,
             warmup=opts.warmup,
             warmup_s=opts.warmup_s if self.cuda else 0.0,
@@ -76,23 +100,29 @@ class TimingPhases(Evaluation):
             fresh_inputs=opts.fresh_inputs,
             tf32=opts.allow_tf32,
         )
+        if adaptive:
+            rule = self.stopping_rule()
+            r.timing.update(precision=rule.precision, time_budget_s=rule.budget_s,
+                            min_runs=rule.min_runs, max_runs=rule.max_runs,
+                            confidence=rule.confidence, order="interleaved")  # fmt: skip
+        else:
+            r.timing.update(order="sequential")
         if self.cuda:
             self.make_flush_buffer()
         tracer = _Tracer(self) if self.cuda and opts.traced_runs > 0 else None
         if self.cuda and tracer is None:
             r.timing["cupti"] = "off (traced_runs=0)"
-        cand = self.measure(self.candidate, "candidate", sets, tracer)
-        self.check_tampering("the candidate's timed runs")
-        ref = self.measure(self.reference, "reference", sets, tracer)
-        r.candidate_ms, r.candidate_spread = cand.median, cand.spread
-        r.reference_ms, r.reference_spread = ref.median, ref.spread
-        r.timing.update(
-            candidate_mean_ms=cand.mean,
-            candidate_min_ms=min(cand.times),
-            reference_mean_ms=ref.mean,
-            candidate_runs_ms=[round(t, 6) for t in cand.times],
-            reference_runs_ms=[round(t, 6) for t in ref.times],
-        )
+        if adaptive:
+            cand, ref = self.measure_interleaved(sets, tracer)
+        else:
+            cand = self.measure(self.candidate, "candidate", sets, tracer)
+            self.check_tampering("the candidate's timed runs")
+            ref = self.measure(self.reference, "reference", sets, tracer)
+        graph = self.graph_timing(cand.summary, ref.summary, self.stopping_rule() if adaptive
+                                  else None)  # fmt: skip
+        if graph is not None:
+            self.check_tampering("the graph captures")
+        self.record_times(cand, ref, graph)
         # the guards read from the times first, so that they are all on record even when a
         # checked run below turns out wrong
         if self.cuda:
@@ -111,14 +141,38 @@ class TimingPhases(Evaluation):
         cand.checked = []
         self.passed_guard("timed_output")
 
-    def input_set_count(self) -> int:
-        """At most opts.input_sets buffers, fewer when they would not fit (a quarter of free GPU
-        memory for the buffers and their checked-run copies)."""
+    def record_times(self, cand: _Measurement, ref: _Measurement, graph) -> None:
+        """The result's times: the graph replays' where both sides were captured, else the
+        eager runs'; both kinds in timing[], per side."""
+        r = self.result
+        used = graph if graph is not None else (cand.summary, ref.summary)
+        for who, summary in zip(("candidate", "reference"), used):
+            setattr(r, f"{who}_ms", summary.median_ms)
+            setattr(r, f"{who}_spread", summary.spread)
+            setattr(r, f"{who}_low_ms", summary.low_ms)
+            setattr(r, f"{who}_high_ms", summary.high_ms)
+        r.timing.update(
+            runs=cand.summary.runs,
+            speedup_basis="graph" if graph is not None else "eager",
+            candidate_eager=cand.summary.to_dict(),
+            reference_eager=ref.summary.to_dict(),
+            candidate_mean_ms=cand.mean,
+            candidate_min_ms=min(cand.times),
+            reference_mean_ms=ref.mean,
+            candidate_runs_ms=[round(t, 6) for t in cand.times],
+            reference_runs_ms=[round(t, 6) for t in ref.times],
+        )
+        if graph is not None:
+            r.timing.update(candidate_graph=graph[0].to_dict(), reference_graph=graph[1].to_dict())
+
+    def input_set_count(self, sides: int = 1) -> int:
+        """At most opts.input_sets buffers per side, fewer when they would not fit (a quarter of
+        free GPU memory for the buffers of `sides` sides and their checked-run copies)."""
         want = self.opts.input_sets
         if not self.cuda or self.input_bytes == 0:
             return want
         free, _ = self.torch.cuda.mem_get_info(self.device)
-        fit = int(free // 4 // max(1, 2 * self.input_bytes + self.output_bytes))
+        fit = int(free // 4 // max(1, sides * (2 * self.input_bytes + self.output_bytes)))
         return max(1, min(want, fit))
 
     def make_flush_buffer(self) -> None:
@@ -146,15 +200,22 @@ class TimingPhases(Evaluation):
             self.flush(index)
         main.wait_stream(side)
 
-    def measure(self, model, who: str, sets: int, tracer) -> _Measurement:
-        torch, opts = self.torch, self.opts
-        base_seed = opts.seed + (100_000 if who == "candidate" else 200_000)
-        buffers = [
-            self.problem.make_inputs(base_seed + k, self.device, self.ref_module)
-            for k in range(sets)
-        ]
-        if self.cuda:
-            self.settings.apply()
+    # ------------------------------------------------------------------ the runs of one side
+
+    @staticmethod
+    def timed_seed(who: str, opts) -> int:
+        """The first seed of a side's runs (its input buffers draw from the ones below it)."""
+        return opts.seed + (100_000 if who == "candidate" else 200_000)
+
+    def side_buffers(self, who: str, sets: int) -> list:
+        base = self.timed_seed(who, self.opts)
+        return [self.problem.make_inputs(base + k, self.device, self.ref_module)
+                for k in range(sets)]  # fmt: skip
+
+    def warm_up(self, model, who: str, buffers: list) -> float:
+        """opts.warmup calls, and on a GPU at least opts.warmup_s of them (the clocks rise).
+        Seconds per call (wall clock, synchronized; 0 without a call)."""
+        opts, sets = self.opts, len(buffers)
         started, i = time.perf_counter(), 0
         while i < opts.warmup or (self.cuda and time.perf_counter() - started < opts.warmup_s):
             self.call(model, buffers[i % sets], who)
@@ -162,22 +223,74 @@ class TimingPhases(Evaluation):
             if self.cuda and i % 64 == 0:
                 self.sync(who)  # time the GPU's work, not the queueing of it
         self.sync(who)
-        seed = base_seed + 1000
-        times = self.timed_loop(model, who, buffers, opts.timed_runs, seed, 0)
-        seed += opts.timed_runs
+        return (time.perf_counter() - started) / i if i else 0.0
+
+    def measure(self, model, who: str, sets: int, tracer, adaptive: bool = False) -> _Measurement:
+        """One side alone: warm-up, the timed runs (opts.timed_runs, or the adaptive rule),
+        then the traced and the checked runs."""
+        buffers = self.side_buffers(who, sets)
+        if self.cuda:
+            self.settings.apply()
+        per_call = self.warm_up(model, who, buffers)
+        seed = self.timed_seed(who, self.opts) + 1000
+        side = EagerSide(self, model, who, buffers, seed)
+        if adaptive:
+            rule = self.stopping_rule()
+            (times,), (stop,) = time_interleaved([side], rule, block=block_for(per_call))
+            summary = rule.summary(times, stop)
+        else:
+            times = time_fixed(side, self.opts.timed_runs)
+            summary = TimeSummary.of(times, "fixed")
+        self.sync(who)
+        m = self.traced_and_checked(model, who, buffers, seed + len(times), len(times), tracer)
+        m.times, m.summary = times, summary
+        return m
+
+    def measure_interleaved(self, sets: int, tracer) -> tuple[_Measurement, _Measurement]:
+        """Both sides: each warmed up, then their timed runs interleaved under the adaptive rule
+        (interleave.py), then each side's traced and checked runs."""
+        sides, per_round = [], 0.0
+        for model, who in ((self.candidate, "candidate"), (self.reference, "reference")):
+            buffers = self.side_buffers(who, sets)
+            if self.cuda:
+                self.settings.apply()
+            per_round += self.warm_up(model, who, buffers)
+            if who == "candidate":
+                self.check_tampering("the candidate's warm-up")
+            seed = self.timed_seed(who, self.opts) + 1000
+            # a fault found while waiting for either side's events is charged to the candidate:
+            # the reference's forward ran these same operations in every trial
+            sides.append(EagerSide(self, model, who, buffers, seed, settings=True,
+                                   where="forward"))  # fmt: skip
+        rule = self.stopping_rule()
+        times, stops = time_interleaved(sides, rule, block=block_for(per_round))
+        self.sync("candidate")
+        self.check_tampering("the timed runs")
+        found = []
+        for side, t, stop in zip(sides, times, stops):
+            m = self.traced_and_checked(side.model, side.who, side.buffers, side.seed + len(t),
+                                        len(t), tracer)  # fmt: skip
+            m.times, m.summary = t, rule.summary(t, stop)
+            found.append(m)
+        return found[0], found[1]
+
+    def traced_and_checked(self, model, who: str, buffers: list, seed: int, first: int,
+                           tracer) -> _Measurement:  # fmt: skip
+        """The runs after the timed ones: opts.traced_runs traced by CUPTI (when `tracer`), then
+        one checked run per buffer (synchronized, fresh values, outputs kept)."""
+        torch, opts, sets = self.torch, self.opts, len(buffers)
         records, traced = None, []
         if tracer is not None:
             tracer.start()
-            traced = self.timed_loop(model, who, buffers, opts.traced_runs, seed, opts.timed_runs)
+            traced = self.timed_loop(model, who, buffers, opts.traced_runs, seed, first)
             records = tracer.stop(who)
             seed += opts.traced_runs
-        # checked runs: synchronized, one per buffer, fresh values, outputs kept
         checked, synced, checked_events = [], [], []
         for k in range(sets):
             seed += 1
             # the candidate's: the seed the reference's side regenerates these inputs from
             fill = check_seed(opts, "timed_output", k) if who == "candidate" else seed
-            self.prepare_run(buffers[k], fill, opts.timed_runs + k)
+            self.prepare_run(buffers[k], fill, first + k)
             self.sync(who)
             if self.cuda:
                 start = torch.cuda.Event(enable_timing=True)
@@ -196,35 +309,13 @@ class TimingPhases(Evaluation):
             del out
         if who == "candidate":
             self.timed_buffers = buffers
-        return _Measurement(times, records, checked, synced, checked_events, traced)
+        return _Measurement([], records, checked, synced, checked_events, traced)
 
     def timed_loop(self, model, who: str, buffers: list, runs: int, seed: int, first: int):
         """`runs` runs rotating among `buffers`, each prepared (fresh values from seed + 1, +2, ...,
         flush) on the harness stream; ms per run (CUDA events, or the wall clock on a CPU)."""
-        torch, sets = self.torch, len(buffers)
-        times: list[float] = []
-        events = []
-        for i in range(runs):
-            k = (first + i) % sets
-            if self.cuda:
-                self.check_l2()
-            seed += 1
-            self.prepare_run(buffers[k], seed if self.opts.fresh_inputs else None, first + i)
-            if self.cuda:
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = self.call(model, buffers[k], who)
-                end.record()
-                events.append((start, end))
-            else:
-                t0 = time.perf_counter_ns()
-                out = self.call(model, buffers[k], who)
-                times.append((time.perf_counter_ns() - t0) / 1e6)
-            del out
+        times = time_fixed(EagerSide(self, model, who, buffers, seed, first), runs)
         self.sync(who)
-        if self.cuda:
-            times = [s.elapsed_time(e) for s, e in events]
         return times
 
     def unmeasured_check(self, cand: _Measurement, ref: _Measurement) -> None:
@@ -356,9 +447,12 @@ class TimingPhases(Evaluation):
         torch, r = self.torch, self.result
         try:
             compiled = torch.compile(self.reference)
-            m = self.measure(compiled, "compiled reference", self.input_set_count(), None)
+            adaptive = self.timing_rule() == "adaptive"
+            sets = self.input_set_count()
+            m = self.measure(compiled, "compiled reference", sets, None, adaptive=adaptive)
             r.compiled_reference_ms = m.median
             r.timing["compiled_reference_spread"] = m.spread
+            r.timing["compiled_reference_eager"] = m.summary.to_dict()
         except _Stop:
             raise
         except Exception as e:  # noqa: BLE001 - torch.compile failing is a note, not a failure

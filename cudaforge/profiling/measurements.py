@@ -8,6 +8,10 @@ forward must move); then the kernels by time with the metrics that explain them,
 replay passes and phases, how the ceilings were measured, its notes, the metrics collected in
 place of others) is left out: it explains the profiler, not the kernel.
 
+The time line gives each median's 95% interval and run count where the result has them, says
+when the times are CUDA-graph replays (short forwards; the eager figures follow), and calls a
+speedup whose candidate and reference intervals overlap "a tie within noise".
+
 `result` is an EvalResult or anything with its attributes; this module does not import the
 harness (profiling does not depend on it). Pure Python: it runs on recorded results.
 """
@@ -61,16 +65,32 @@ def _speedup(value: float | None) -> str:
 
 
 def _timing_lines(result: Any) -> list[str]:
+    timing = getattr(result, "timing", None)
+    timing = timing if isinstance(timing, dict) else {}
+    graph = timing.get("speedup_basis") == "graph"
     spread = getattr(result, "candidate_spread", None)
     line = f"time per forward: {_time(getattr(result, 'candidate_ms', None))}"
+    said = [_interval(result, "candidate", timing.get("candidate_graph" if graph else
+                                                      "candidate_eager"))]  # fmt: skip
     if spread:
-        line += f" (spread {spread:.1%})"
+        said.append(f"spread {spread:.1%}")
+    said = [x for x in said if x]
+    if said:
+        line += f" ({'; '.join(said)})"
+    if graph:
+        line += " as CUDA-graph replays"
     reference_ms = getattr(result, "reference_ms", None)
     if reference_ms is not None:
+        interval = _interval(result, "reference", None, runs=False)
         line += (
-            f"; eager PyTorch {_time(reference_ms)}, speedup "
+            f"; {'PyTorch' if graph else 'eager PyTorch'} {_time(reference_ms)}"
+            f"{f' ({interval})' if interval else ''}, speedup "
             f"{_speedup(getattr(result, 'speedup', None))}"
         )
+        if _within_noise(result):
+            line += " (a tie within noise: the intervals overlap)"
+    if graph:
+        line += _eager_figures(timing)
     compiled_ms = getattr(result, "compiled_reference_ms", None)
     if compiled_ms is not None:
         line += (
@@ -78,6 +98,40 @@ def _timing_lines(result: Any) -> list[str]:
             f"{_speedup(getattr(result, 'speedup_vs_compile', None))}"
         )
     return [line]
+
+
+def _within_noise(result: Any) -> bool:
+    """Whether the candidate's and the reference's intervals overlap: the harness's tie rule
+    (harness/stopping.py compare_times), said here without importing it."""
+    bounds = [getattr(result, f"{who}_{end}_ms", None)
+              for who in ("candidate", "reference") for end in ("low", "high")]  # fmt: skip
+    if None in bounds:
+        return False
+    c_low, c_high, r_low, r_high = bounds
+    return c_low <= r_high and r_low <= c_high
+
+
+def _interval(result: Any, who: str, side: Any, runs: bool = True) -> str:
+    """'95% interval 0.5461 ms to 0.5502 ms, 40 runs' from the result's bounds, or ''."""
+    low, high = getattr(result, f"{who}_low_ms", None), getattr(result, f"{who}_high_ms", None)
+    if low is None or high is None:
+        return ""
+    text = f"{_time(low)} to {_time(high)}"
+    if not runs:
+        return text
+    count = side.get("runs") if isinstance(side, dict) else None
+    return f"95% interval {text}" + (f", {count} runs" if count else "")
+
+
+def _eager_figures(timing: dict) -> str:
+    """'; eager: candidate X, PyTorch Y (speedup Z)' when the times above are graph replays."""
+    cand, ref = timing.get("candidate_eager"), timing.get("reference_eager")
+    if not (isinstance(cand, dict) and isinstance(ref, dict)):
+        return ""
+    c, r = cand.get("median_ms"), ref.get("median_ms")
+    if not (isinstance(c, (int, float)) and isinstance(r, (int, float)) and c > 0):
+        return ""
+    return f"; eagerly (launched from Python): {_time(c)} vs PyTorch {_time(r)}, {r / c:.3g}x"
 
 
 def _share_lines(result: Any) -> list[str]:
