@@ -38,7 +38,8 @@ CORRECTNESS_GUARDS = ("output_aliases_input", "output_reused", "input_mutated")
 # the harness's own modules: a candidate that replaces one of their functions fools the verdict
 HARNESS_MODULES = ("evaluate", "evaluation", "correctness", "timing", "compare", "options",
                    "guards", "tracer", "problem", "results", "reference", "host_copy", "wire",
-                   "worker", "lifeline", "sandbox", "secrets")  # fmt: skip
+                   "worker", "lifeline", "sandbox", "secrets", "stopping", "interleave",
+                   "timed_sides", "graphs", "ties")  # fmt: skip
 
 
 # ====================================================================== torch settings
