@@ -3,6 +3,7 @@ benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import profile_vs_ncu as pvn
+import timing_precision as tp
 
 
 def test_medians_and_ranges_per_metric():
@@ -83,3 +85,70 @@ def test_the_scripts_parse_their_options(script):
     out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True,
                          text=True, timeout=120, check=False)  # fmt: skip
     assert out.returncode == 0 and "--out" in out.stdout, out.stderr[-1500:]
+
+
+# ---------------------------------------------------------------- timing_precision.py
+
+
+def evaluation(rule, speedup, spread, seconds, eager_ms=0.05, status="ok"):
+    return {"rule": rule, "status": status, "speedup": speedup, "spread": spread,
+            "seconds": seconds, "eager_ms": eager_ms, "candidate_ms": eager_ms, "runs": 40,
+            "basis": "graph"}  # fmt: skip
+
+
+def test_timing_precision_candidates_span_examples_sizes_and_llm_kernels():
+    every = tp.candidates(quick=False)
+    names = [c.name for c in every]
+    assert len(every) >= 24 and len(set(names)) == len(names)
+    llm = [c for c in every if c.origin == "llm"]
+    assert len(llm) >= 10 and all("class ModelNew" in c.source for c in llm)
+    assert {c.name.rsplit("/", 1)[1] for c in every if c.origin == "example"} == {
+        "small", "middle", "default"}  # fmt: skip
+    assert len(tp.candidates(quick=True)) == len(tp.QUICK) + tp.QUICK_LLM
+    halves = tp.candidates(False, part="1/2") + tp.candidates(False, part="2/2")
+    assert sorted(c.name for c in halves) == sorted(names)
+
+
+def test_timing_precision_rows_and_goals():
+    steady = [evaluation("old", 2.0, 0.05, 1.0), evaluation("new", 2.0, 0.01, 1.2),
+              evaluation("old", 2.2, 0.04, 1.0), evaluation("new", 2.02, 0.012, 1.3)]  # fmt: skip
+    row = tp.row(steady)
+    assert row["ok"] and row["forward_ms"] == 0.05 and row["spread_new"] == 0.012
+    assert row["speedup_gap_old"] == pytest.approx(abs(2.0 / 2.2 - 1))
+    assert row["seconds_ratio"] == pytest.approx(1.25)
+    short = [evaluation(e["rule"], e["speedup"], 0.3, 1.0, eager_ms=0.005) for e in steady]
+    failed = [evaluation("old", None, None, 1.0, status="incorrect")] + steady[1:]
+    entries = [{"name": "steady", "row": row}, {"name": "short", "row": tp.row(short)},
+               {"name": "failed", "row": tp.row(failed)}]  # fmt: skip
+    assert not entries[2]["row"]["ok"] and "incorrect" in entries[2]["row"]["status"]
+    goals = {(g["rule"], g["goal"].split()[0]): g for g in tp.goals(entries)}
+    # the 5 us forward's 30% spread is below the 20 us line of the spread goal
+    assert goals[("new", "spread")]["met"] and not goals[("old", "spread")]["met"]
+    assert goals[("new", "the")]["met"] and not goals[("old", "the")]["met"]
+    seconds = goals[("new", "evaluation")]
+    assert seconds["met"] and "1.25x (steady)" in seconds["detail"]
+    text = tp.markdown(
+        {"device": "H200", "trials": 2, "entries": entries, "goals": tp.goals(entries)}
+    )
+    assert "| steady | 0.0500 | graph | 5.00% | 1.20% | 2.000 / 2.200 | 2.000 / 2.020 |" in text
+    assert "| failed | incorrect, ok |" in text
+    assert "spread under 2% for every forward of 20 us or more: **met**" in text
+
+
+def test_timing_precision_runs_end_to_end_on_a_cpu(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "timing_precision.py"), "--device", "cpu", "--only",
+         "l1_088_gelu/small", "--trials", "1", "--out", str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "timing_precision.json").read_text())
+    (entry,) = report["entries"]
+    assert [e["rule"] for e in entry["evaluations"]] == list(tp.ORDER)
+    assert all(e["status"] == "ok" for e in entry["evaluations"]), entry["evaluations"]
+    new = [e for e in entry["evaluations"] if e["rule"] == "new"]
+    assert all(e["runs"] >= 6 and e["stop"] in ("precision", "budget", "max_runs") for e in new)
+    assert {e["stop"] for e in entry["evaluations"] if e["rule"] == "old"} == {"fixed"}
+    assert len(report["goals"]) == 5 and "goal (new rule)" in done.stdout
+    again = tp.merged([tmp_path, tmp_path])
+    assert len(again["entries"]) == 2

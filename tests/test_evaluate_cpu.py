@@ -559,6 +559,20 @@ def test_the_speedup_uses_graph_times_only_where_both_sides_have_them():
     assert r.speedup_vs_compile == pytest.approx(0.06 / 0.05)
 
 
+def test_the_floors_see_the_faster_of_the_eager_and_the_graph_times():
+    # an honest graph replay must not hide eager runs faster than the GPU can be
+    run, r = _evaluation()
+    r.candidate_ms = 0.03
+    r.timing.update(candidate_eager={"median_ms": 0.0001}, candidate_graph={"median_ms": 0.03},
+                    cupti_busy_ms=0.03)  # fmt: skip
+    assert run.fastest_candidate_ms() == 0.0001
+    run.timing_cross_check()
+    assert "median is 0.0001 ms" in run.fired["timing_mismatch"]
+    run.opts.bandwidth_ceiling, run.input_bytes, run.output_bytes = 1e12, 10**7, 0
+    run.bandwidth_check()  # 10 MB at 1 TB/s: 0.01 ms at least
+    assert run.fired["bandwidth_floor"].startswith("0.0001 ms is below the 0.0100 ms")
+
+
 def test_kernel_breakdown_finds_own_kernels_and_their_share():
     run, r = _evaluation({"relu_kernel"})
     cand = [_record("relu_kernel", 0, 30), _record("_ZN2at6native18elementwise_kernelIvE", 30, 40),

@@ -117,8 +117,9 @@ def test_a_correct_kernel_is_ok_timed_and_traced(pool):
     assert "persisting_l2" in r.guards_passed or "persisting_l2" in r.guards_skipped
     assert r.timing.get("cupti") == "on", r.timing  # CUPTI tracing works on the H200
     own = [k for k in r.kernels if k.own]
-    # the per-kernel times come from the 20 traced runs after the 30 timed ones: one call each
-    assert r.timing["runs"] == 30 and r.timing["traced_runs"] == 20
+    # the per-kernel times come from the 20 traced runs after the timed ones: one call each
+    assert r.timing["rule"] == "adaptive" and r.timing["traced_runs"] == 20
+    assert r.timing["min_runs"] <= r.timing["runs"] <= r.timing["max_runs"]
     assert [k.name for k in own] == ["relu_kernel"] and own[0].calls == 1
     assert r.own_kernel_share > 0.9
     # kernel time within the event window of the traced runs
@@ -314,7 +315,8 @@ def test_torch_compile_comparison_and_profile_hook(pool):
     r = pool.evaluate(RELU, GOOD, compare_compile=True, profile=True, timeout=300, **RUNS)
     assert r.status == "ok", r.error
     assert r.compiled_reference_ms is not None, r.notes
-    assert r.speedup_vs_compile == pytest.approx(r.compiled_reference_ms / r.candidate_ms)
+    # torch.compile's time is eager: held against the candidate's eager time
+    assert r.speedup_vs_compile == pytest.approx(r.compiled_reference_ms / r.eager_candidate_ms)
     assert r.profile is not None, r.notes
     assert any(k["name"] == "relu_kernel" for k in r.profile["kernels"])
 

@@ -55,7 +55,8 @@ def time_interleaved(
     block: int = BLOCK,
 ) -> tuple[list[list[float]], list[str]]:
     """Interleave the sides' runs (module docstring) until `rule` is met by every side, the
-    budget (rule.budget_s per side, on `clock`, seconds) is spent, or rule.max_runs ran.
+    budget (rule.budget_s per side, on `clock`, seconds) is spent, or rule.max_runs ran; never
+    fewer than rule.min_runs each, whatever the budget.
     Returns the ms of each side's runs and each side's stop reason ("precision" for a side whose
     interval met the rule, else why the runs ended)."""
     if not sides:
@@ -79,7 +80,7 @@ def time_interleaved(
         done = len(times[0])
         if queued >= rule.max_runs:
             reason = "max_runs"
-        elif clock() - started >= budget:
+        elif done >= rule.min_runs and clock() - started >= budget:
             reason = "budget"
         elif done >= next_check:
             if all(rule.met(t) for t in times):

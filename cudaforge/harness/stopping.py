@@ -5,8 +5,9 @@ The interval is the median's distribution-free confidence interval from order st
 runs, the number that fall below the true median is Binomial(n, 1/2) whatever the distribution
 of the times, so the sorted runs x(j) and x(n+1-j) bound the median with probability
 1 - 2 P(B <= j - 1); j is the largest rank that keeps that at or above the confidence. The rule
-stops once the interval's half-width is within `precision` of the median (and `min_runs` ran),
-or when the time budget or `max_runs` is spent. Two times whose intervals overlap are a tie."""
+stops once the interval's half-width is within `precision` of the median, or when the time
+budget is spent, but not before `min_runs`; and at `max_runs` whatever else holds. Two times
+whose intervals overlap are a tie."""
 
 from __future__ import annotations
 

@@ -1,0 +1,81 @@
+"""Adaptive timing on the GPU (the H200): a kernel timed twice agrees with itself within the
+intervals it reports, and short forwards are also timed as CUDA-graph replays, or said not to be
+capturable. Run with `pytest -m gpu -s tests/test_timing_gpu.py` (-s prints the figures)."""
+
+from __future__ import annotations
+
+import pytest
+from test_evaluate_gpu import GOOD, RELU, compiled_candidate
+
+from cudaforge.harness.pool import WorkerPool
+from cudaforge.harness.ties import compare_results
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(1, device="cuda", timeout=60, compile_timeout=600) as p:
+        yield p
+
+
+def figures(r) -> str:
+    return (f"{r.candidate_ms:.5f} ms [{r.candidate_low_ms:.5f}, {r.candidate_high_ms:.5f}] "
+            f"({r.timing['speedup_basis']}, {r.timing['candidate_eager']['runs']} eager runs, "
+            f"stop {r.timing['candidate_eager']['stop']}), speedup {r.speedup:.4f}")  # fmt: skip
+
+
+def test_a_kernel_timed_twice_agrees_within_its_intervals(pool):
+    first, second = (pool.evaluate(RELU, GOOD, trials=2) for _ in range(2))
+    for r in (first, second):
+        assert r.status == "ok", r.error
+        assert r.timing["rule"] == "adaptive" and r.timing["order"] == "interleaved"
+        assert r.candidate_low_ms <= r.candidate_ms <= r.candidate_high_ms
+        assert r.reference_low_ms <= r.reference_ms <= r.reference_high_ms
+        eager = r.timing["candidate_eager"]
+        assert eager["runs"] == r.timing["reference_eager"]["runs"] <= r.timing["max_runs"]
+    print(f"\nfirst:  {figures(first)}\nsecond: {figures(second)}")
+    assert first.timing["speedup_basis"] == second.timing["speedup_basis"]
+    # each median lies within the other run's interval, widened by the stated precision (two
+    # processes: their clocks may differ by that much); and the two are a tie by the tie rule
+    for a, b in ((first, second), (second, first)):
+        slack = a.timing["precision"] * a.candidate_ms
+        assert a.candidate_low_ms - slack <= b.candidate_ms <= a.candidate_high_ms + slack
+    assert compare_results(first, second)[0] == "tie"
+    assert abs(first.speedup / second.speedup - 1) < 0.03  # the issue's goal
+
+
+def test_a_short_forward_is_timed_as_graph_replays_too(pool):
+    r = pool.evaluate(RELU, GOOD, trials=2)
+    assert r.status == "ok", r.error
+    eager = r.timing["candidate_eager"]
+    if min(eager["median_ms"], r.timing["reference_eager"]["median_ms"]) >= 0.05:
+        pytest.skip(f"the forwards take {eager['median_ms']:.4f} ms here: no graph tried")
+    assert r.timing["graph"].startswith("on"), r.timing["graph"]
+    assert r.timing["speedup_basis"] == "graph"
+    graph = r.timing["candidate_graph"]
+    assert r.candidate_ms == graph["median_ms"] and graph["stop"] in ("precision", "budget",
+                                                                      "max_runs")  # fmt: skip
+    assert r.speedup == pytest.approx(r.reference_ms / r.candidate_ms)
+    print(f"\ngraph {graph['median_ms']:.5f} ms (spread {graph['spread']:.2%}), eager "
+          f"{eager['median_ms']:.5f} ms (spread {eager['spread']:.2%})")  # fmt: skip
+
+
+def test_a_forward_that_synchronizes_is_not_capturable_and_uses_eager_times(pool):
+    syncing = compiled_candidate(
+        """
+x = x.contiguous()
+y = torch.empty_like(x)
+mod.relu_kernel(blocks(x.numel()), (256,), (x, y, x.numel()))
+torch.cuda.synchronize()
+return y
+"""
+    )
+    r = pool.evaluate(RELU, syncing, trials=2)
+    assert r.status == "ok", r.error
+    if r.timing["graph"].startswith("not tried"):
+        pytest.skip(r.timing["graph"])
+    assert r.timing["graph"].startswith("not capturable: the candidate's forward"), r.timing
+    assert r.timing["speedup_basis"] == "eager" and "candidate_graph" not in r.timing
+    assert r.candidate_ms == r.timing["candidate_eager"]["median_ms"]
