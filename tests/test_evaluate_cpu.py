@@ -536,6 +536,33 @@ def test_graphs_are_tried_only_for_short_forwards_and_when_asked():
     assert r.timing["graph"] == "off (cuda_graphs=False)"
 
 
+def test_a_capture_that_fails_leaves_the_eager_times_and_says_why(monkeypatch):
+    from cudaforge.harness import graphs
+
+    def refused(torch, model, inputs, device):
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        finally:
+            raise RuntimeError("capture invalidated")  # what ending the capture raises over it
+
+    monkeypatch.setattr(graphs, "capture_forward", refused)
+    monkeypatch.setattr(graphs, "_context_alive", lambda torch, device: True)
+    run, r = _evaluation()
+    run.setup()
+    try:
+        run.load()
+        run.cuda = True  # past the decision: the capture is tried, and fails
+        short = _summary(0.01, 0.009, 0.011), _summary(0.02, 0.019, 0.021)
+        assert run.graph_timing(*short, None) is None
+    finally:
+        run.cuda = False
+        run.cleanup()
+    assert r.timing["graph"] == (
+        "not capturable: the candidate's forward: RuntimeError: operation not permitted when "
+        "stream is capturing (then RuntimeError: capture invalidated)"
+    )
+
+
 def test_the_speedup_uses_graph_times_only_where_both_sides_have_them():
     from cudaforge.harness.timing import _Measurement
 

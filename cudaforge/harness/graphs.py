@@ -123,7 +123,7 @@ class GraphTiming(Evaluation):
         except Exception as e:  # noqa: BLE001 - any failure means "not capturable"
             if not _context_alive(torch, self.device):
                 self.fail_from_exception(e, where=f"{who}'s graph capture")
-            return f"the {who}'s forward: {type(e).__name__}: {one_line(e, 300)}"
+            return f"the {who}'s forward: {_first_cause(e)}"
         # new values the forward has not seen: the replay against the reference's eager forward
         try:
             fresh = self.problem.make_inputs(opts.seed + 460_000, self.device, self.ref_module)
@@ -137,7 +137,7 @@ class GraphTiming(Evaluation):
             captured.graph.reset()
             if not _context_alive(torch, self.device):
                 self.fail_from_exception(e, where=f"{who}'s graph replay")
-            return f"the {who}'s graph replay failed: {type(e).__name__}: {one_line(e, 300)}"
+            return f"the {who}'s graph replay failed: {_first_cause(e)}"
         failure = check_outputs(got, expected, opts, trial=0, phase="timed_output")
         if failure is not None:
             captured.graph.reset()
@@ -146,6 +146,16 @@ class GraphTiming(Evaluation):
                 f"forward ({' '.join(failure.message.split())[:300]})"
             )
         return captured
+
+
+def _first_cause(e: BaseException) -> str:
+    """The exception that started it: a call refused during the capture raises, then ending the
+    invalidated capture raises again over it."""
+    first = e
+    while first.__context__ is not None and first.__context__ is not first:
+        first = first.__context__
+    said = f"{type(first).__name__}: {one_line(first, 300)}"
+    return said if first is e else f"{said} (then {type(e).__name__}: {one_line(e, 120)})"
 
 
 __all__ = ["CapturedForward", "GraphTiming", "capture_forward", "copied_output"]
