@@ -17,11 +17,15 @@ What one evaluation does, in order (the why of each step is in DESIGN.md "Verifi
    has none, and a relative-L2 bound that keeps all-zero outputs of tiny-valued problems from
    passing). An output sharing memory with an input, or the second call returning the first call's
    memory, fails; so does an input the candidate changed and the reference does not.
-3. timing: the same procedure for candidate and reference: warm-up, then `timed_runs` runs, each
+3. timing: the same procedure for candidate and reference: warm-up, then the timed runs, each
    on one of `input_sets` input buffers (rotating) refilled with fresh values before the run, the
    L2 cache flushed (a buffer of several times the L2 written) and CUDA events around the forward.
-   All of that preparation runs on a separate harness stream, outside the events. Median and
-   spread ((p75 - p25) / median) of the event times. Then `traced_runs` more runs the same way
+   All of that preparation runs on a separate harness stream, outside the events. On a GPU the
+   two sides' runs alternate until each median's 95% interval is within `precision` (or the
+   budget or `max_runs` is spent: stopping.py, interleave.py), and forwards under
+   `graph_below_ms` are also timed as CUDA-graph replays (graphs.py); `timing_rule="fixed"` runs
+   `timed_runs` of each side, one side after the other. Median, interval and spread
+   ((p75 - p25) / median) of the event times. Then `traced_runs` more runs the same way
    with CUPTI recording every kernel (the per-kernel times, the candidate's share, work outside
    the events): kept apart from the timed runs because CUPTI's trace slows some kernels (below).
    Then one checked run per input buffer, synchronized, whose outputs are compared with the
@@ -37,7 +41,9 @@ or traced there, and the result says so in guards_skipped.
 Where each part lives: options.py (EvalOptions, the tolerance table), compare.py (what counts as a
 correct output, aliasing), guards.py (the guards and their machinery), tracer.py (compile hooks,
 CUPTI), evaluation.py (one evaluation's state), correctness.py (load, trials, revalidation),
-timing.py (timed, traced and checked runs), reference.py (the reference's side of every
+timing.py (timed, traced and checked runs), stopping.py (when the runs stop; the tie rule),
+interleave.py (their order), timed_sides.py (one run of a side), graphs.py (CUDA-graph timing),
+ties.py (which of two results is faster), reference.py (the reference's side of every
 comparison), pool.py, slot.py and worker.py (the worker processes), reference_process.py (where
 a pool judges the outputs), verdict.py (the verdict the pool assembles).
 """
