@@ -548,15 +548,17 @@ def test_a_capture_that_fails_leaves_the_eager_times_and_says_why(monkeypatch):
     monkeypatch.setattr(graphs, "capture_forward", refused)
     monkeypatch.setattr(graphs, "_context_alive", lambda torch, device: True)
     run, r = _evaluation()
-    run.setup()
-    try:
-        run.load()
-        run.cuda = True  # past the decision: the capture is tried, and fails
-        short = _summary(0.01, 0.009, 0.011), _summary(0.02, 0.019, 0.021)
-        assert run.graph_timing(*short, None) is None
-    finally:
-        run.cuda = False
-        run.cleanup()
+    with torch.no_grad():  # as in an evaluation: setup() turns grad mode off inside it
+        run.setup()
+        try:
+            run.load()
+            run.cuda = True  # past the decision: the capture is tried, and fails
+            short = _summary(0.01, 0.009, 0.011), _summary(0.02, 0.019, 0.021)
+            assert run.graph_timing(*short, None) is None
+        finally:
+            run.cuda = False
+            run.cleanup()
+    assert torch.is_grad_enabled()
     assert r.timing["graph"] == (
         "not capturable: the candidate's forward: RuntimeError: operation not permitted when "
         "stream is capturing (then RuntimeError: capture invalidated)"
