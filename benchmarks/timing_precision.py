@@ -355,11 +355,22 @@ def _timed_condition(torch, mod, flush, kind, runs, x, y, model, graph):
     end (no synchronization between the runs)."""
     n, grid = x.numel(), ((x.numel() + 255) // 256,)
     probes = torch.zeros(2 * (runs // 10 + 1), dtype=torch.int64, device=x.device)
+    side = torch.cuda.Stream(x.device)
+    main = torch.cuda.current_stream(x.device)
     events = []
     for i in range(runs):
+        if kind == "queued" and i % 50 == 0:
+            torch.cuda._sleep(2_000_000)  # ~1 ms spin: the next 50 launches queue behind it
         if kind == "idle":
             torch.cuda.synchronize()
-        if kind not in ("queued", "idle"):
+        if kind == "harness":  # as prepare_run: seeded fresh values and the flush, side stream
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                torch.manual_seed(i)
+                x.copy_(torch.randn_like(x))
+                flush(i)
+            main.wait_stream(side)
+        elif kind not in ("queued", "idle"):
             flush(i)
         if kind in ("fresh", "alloc", "python", "graph"):
             x.normal_()
@@ -367,7 +378,7 @@ def _timed_condition(torch, mod, flush, kind, runs, x, y, model, graph):
         start.record()
         if kind == "graph":
             graph.replay()
-        elif kind == "python":
+        elif kind in ("python", "harness"):
             model(x)
         elif kind == "alloc":
             mod.add_one(grid, (256,), (x, torch.empty_like(x), n))
@@ -389,12 +400,14 @@ def _timed_condition(torch, mod, flush, kind, runs, x, y, model, graph):
 
 
 CONDITIONS = {
-    "queued": "back-to-back launches, no flush (the GPU's own time)",
+    "queued": "launches queued behind a 1 ms spin, no flush (the GPU's own time)",
     "flush": "L2 flush before each (the harness's flush)",
-    "fresh": "flush + fresh input values before each (the harness's preparation)",
+    "fresh": "flush + fresh input values before each",
     "idle": "synchronized before each: the GPU idle at launch (launch latency in the window)",
     "alloc": "flush + fresh values, output allocated in the window (the allocator)",
     "python": "flush + fresh values, a Python nn.Module forward (contiguous, empty_like, launch)",
+    "harness": "the Python forward after the harness's preparation (seeded values, flush, side "
+    "stream)",
     "graph": "flush + fresh values, the launch replayed from a CUDA graph",
 }
 

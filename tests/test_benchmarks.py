@@ -152,3 +152,17 @@ def test_timing_precision_runs_end_to_end_on_a_cpu(tmp_path):
     assert len(report["goals"]) == 5 and "goal (new rule)" in done.stdout
     again = tp.merged([tmp_path, tmp_path])
     assert len(again["entries"]) == 2
+
+
+def test_timing_precision_attribution_table():
+    stats = {"median_us": 3.2, "spread": 0.041, "p5_us": 3.0, "p95_us": 9.5, "runs": 1000}
+    report = {"flush": "write 4x L2, then discard", "nvml_clock_mhz": "unavailable: ModuleNotFoundError",
+              "conditions": {"tiny (1 MB)": {tp.CONDITIONS["idle"]: stats}},
+              "clock": {"tiny (1 MB)": {"min_mhz": 1755.0, "median_mhz": 1980.0, "max_mhz": 1980.0,
+                                        "samples": 100, "time_vs_clock_correlation": -0.31}}}  # fmt: skip
+    text = "\n".join(tp.attribution_lines(report))
+    assert "| tiny (1 MB) | synchronized before each: the GPU idle at launch" in text
+    assert "| 3.20 | 4.10% | 3.00 | 9.50 |" in text
+    assert "1755-1980 MHz, median 1980; correlation of run time with it: -0.31" in text
+    assert tp._correlation([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
+    assert tp._correlation([1.0, 1.0, 1.0], [2.0, 4.0, 6.0]) is None
