@@ -7,14 +7,15 @@ old rule and new rule alternating (old, new, old, new):
   (2 s per side at most, 20-250 runs), CUDA-graph replays for forwards under 50 us.
 
 Candidates: the hand-written kernels of cudaforge/examples/ on their dev problems at small,
-middle and default sizes, and every correct kernel an LLM wrote in the recorded agent runs
-(benchmarks/runs/*/results_transcripts/, at the sizes they were written for): 31 candidates from
-~4 us to ~9 ms. Prints a table (forward ms, spread old/new, speedup run 1/run 2 old/new, eval
-seconds old/new) and the issue's goal lines as met / not met; writes timing_precision.json and
-timing_precision.md to --out (after every candidate, so a cut run keeps what it measured).
+middle and default sizes (18), and the last correct kernel an LLM wrote for each problem in the
+recorded agent runs (benchmarks/runs/*/results_transcripts/, at the sizes they were written for:
+15; `--every-llm-kernel` takes all 36): 33 candidates from ~4 us to ~9 ms. Prints a table
+(forward ms, spread old/new, speedup run 1/run 2 old/new, eval seconds old/new) and the issue's
+goal lines as met / not met; writes timing_precision.json and timing_precision.md to --out
+(after every candidate, so a cut run keeps what it measured).
 
-`--attribute` (on by default, `--no-attribute` skips it) also measures where the spread of a
-short forward comes from, on one tiny and one 0.1 ms kernel, outside the harness: back-to-back
+First (`--no-attribute` skips it, `--attribute-only` does only it) it measures where the spread
+of a short forward comes from, on one tiny and one 0.1 ms kernel, outside the harness: back-to-back
 launches, the L2 flush, fresh inputs, a GPU idle at launch (launch latency in the window), the
 forward allocating its output, a Python forward, a graph replay; and the SM clock during the
 runs, read by a kernel (clock64 over %globaltimer) with no nvidia-smi.
@@ -22,6 +23,7 @@ runs, read by a kernel (clock64 over %globaltimer) with no nvidia-smi.
     python benchmarks/timing_precision.py --out $OUT/timing                # on the H200
     python benchmarks/timing_precision.py --quick --out $OUT/timing        # 8 candidates, ~2 min
     python benchmarks/timing_precision.py --part 1/2 --out $OUT/t1         # split across calls
+    python benchmarks/timing_precision.py --part 2/2 --no-attribute --out $OUT/t2
     python benchmarks/timing_precision.py --merge $OUT/t1 $OUT/t2 --out $OUT/timing
 """
 
@@ -88,8 +90,9 @@ def example_candidates() -> list[Candidate]:
     return out
 
 
-def llm_candidates(runs: Path = RUNS) -> list[Candidate]:
-    """Every correct kernel in the recorded agent runs' transcripts, once per source."""
+def llm_candidates(runs: Path = RUNS, every: bool = False) -> list[Candidate]:
+    """The correct kernels in the recorded agent runs' transcripts, once per source: the last
+    one recorded for each problem (runs in name order, rounds in order), or `every` one."""
     out, seen = [], set()
     for path in sorted(runs.glob("*/results_transcripts/*/*.jsonl")):
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -108,7 +111,10 @@ def llm_candidates(runs: Path = RUNS) -> list[Candidate]:
             problem = Problem.from_source(start["problem_source"], name=start.get("problem"))
             name = f"llm:{path.parts[-4]}/{start.get('problem')}/r{r.get('round')}"
             out.append(Candidate(name, "llm", problem, source))
-    return out
+    if every:
+        return out
+    last = {c.problem.name: c for c in out}
+    return [c for c in out if last[c.problem.name] is c]
 
 
 def on_cpu(cand: Candidate) -> Candidate:
@@ -118,9 +124,10 @@ def on_cpu(cand: Candidate) -> Candidate:
     return Candidate(cand.name, cand.origin, problem, source, cand.sizes)
 
 
-def candidates(quick: bool, only: str = "", part: str = "") -> list[Candidate]:
+def candidates(quick: bool, only: str = "", part: str = "", every_llm: bool = False):
+    """The candidates of a run (module docstring), filtered by name and split into parts."""
     found = example_candidates()
-    llm = llm_candidates()
+    llm = llm_candidates(every=every_llm)
     if quick:
         found = [c for c in found if c.name in QUICK] + llm[:QUICK_LLM]
     else:
@@ -471,6 +478,8 @@ def main(argv=None) -> int:
         help="print the table and goals of earlier --out folders together",
     )
     parser.add_argument("--list", action="store_true", help="list the candidates and exit")
+    parser.add_argument("--every-llm-kernel", action="store_true",
+                        help="every correct LLM kernel recorded, not the last one per problem")  # fmt: skip
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: a smoke run (problems shrunk, each its own candidate)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -479,7 +488,8 @@ def main(argv=None) -> int:
         write(args.out, report)
         print(markdown(report))
         return 0
-    chosen = [] if args.attribute_only else candidates(args.quick, args.only, args.part)
+    chosen = [] if args.attribute_only else candidates(args.quick, args.only, args.part,
+                                                       args.every_llm_kernel)  # fmt: skip
     if args.list:
         for c in chosen:
             print(f"{c.name}  sizes={c.sizes or 'as written'}")
