@@ -9,7 +9,7 @@ old rule and new rule alternating (old, new, old, new):
 Candidates: the hand-written kernels of cudaforge/examples/ on their dev problems at small,
 middle and default sizes (18), and the last correct kernel an LLM wrote for each problem in the
 recorded agent runs (benchmarks/runs/*/results_transcripts/, at the sizes they were written for:
-15; `--every-llm-kernel` takes all 36): 33 candidates from ~4 us to ~9 ms. Prints a table
+15; `--every-llm-kernel` takes all 45 recorded now): 33 candidates from ~4 us to ~9 ms. Prints a table
 (forward ms, spread old/new, speedup run 1/run 2 old/new, eval seconds old/new) and the issue's
 goal lines as met / not met; writes timing_precision.json and timing_precision.md to --out
 (after every candidate, so a cut run keeps what it measured).
