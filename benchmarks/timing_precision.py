@@ -1,5 +1,5 @@
-"""Benchmark: timings users can trust (issue 20). Every candidate is evaluated four times in one run,
-old rule and new rule alternating (old, new, old, new):
+"""Benchmark: timings users can trust (issue 20). Every candidate is evaluated four times in one
+run, old rule and new rule alternating (old, new, old, new):
 
 - old: `timing_rule="fixed", cuda_graphs=False`: 100 runs of the candidate, then 100 of the
   reference, eager (the rule before adaptive timing);
@@ -9,10 +9,10 @@ old rule and new rule alternating (old, new, old, new):
 Candidates: the hand-written kernels of cudaforge/examples/ on their dev problems at small,
 middle and default sizes (18), and the last correct kernel an LLM wrote for each problem in the
 recorded agent runs (benchmarks/runs/*/results_transcripts/, at the sizes they were written for:
-15; `--every-llm-kernel` takes all 45 recorded now): 33 candidates from ~4 us to ~9 ms. Prints a table
-(forward ms, spread old/new, speedup run 1/run 2 old/new, eval seconds old/new) and the issue's
-goal lines as met / not met; writes timing_precision.json and timing_precision.md to --out
-(after every candidate, so a cut run keeps what it measured).
+15; `--every-llm-kernel` takes all 45 recorded now): 33 candidates from ~4 us to ~9 ms. Prints
+a table (forward ms, spread old/new, speedup run 1/run 2 old/new, eval seconds old/new) and the
+issue's goal lines as met / not met; writes timing_precision.json and timing_precision.md to
+--out (after every candidate, so a cut run keeps what it measured).
 
 First (`--no-attribute` skips it, `--attribute-only` does only it) it measures where the spread
 of a short forward comes from, on one tiny and one 0.1 ms kernel, outside the harness: back-to-back
@@ -235,10 +235,14 @@ def _goal(text: str, rule: str, rows, key: str, bound: float, fmt: str) -> dict:
 
 
 def markdown(report: dict) -> str:
-    head = (f"Device: {report.get('device', '?')}; {len(report['entries'])} candidates; "
-            f"trials {report.get('trials')}; order of the evaluations: {', '.join(ORDER)}.")  # fmt: skip
-    columns = ("| candidate | forward ms | basis (new) | spread old | spread new | speedup old "
-               "run 1 / run 2 | speedup new run 1 / run 2 | runs new | eval s old | eval s new |")  # fmt: skip
+    head = (
+        f"Device: {report.get('device', '?')}; {len(report['entries'])} candidates; "
+        f"trials {report.get('trials')}; order of the evaluations: {', '.join(ORDER)}."
+    )
+    columns = (
+        "| candidate | forward ms | basis (new) | spread old | spread new | speedup old "
+        "run 1 / run 2 | speedup new run 1 / run 2 | runs new | eval s old | eval s new |"
+    )
     lines = [
         head,
         "",
@@ -259,8 +263,8 @@ def markdown(report: dict) -> str:
         )
     lines.append("")
     for g in report["goals"]:
-        lines.append(f"- goal ({g['rule']} rule): {g['goal']}: **{'met' if g['met'] else 'not met'}**"
-                     f" ({g['detail']})")  # fmt: skip
+        verdict = "met" if g["met"] else "not met"
+        lines.append(f"- goal ({g['rule']} rule): {g['goal']}: **{verdict}** ({g['detail']})")
     if report.get("attribution"):
         lines += ["", *attribution_lines(report["attribution"])]
     return "\n".join(lines) + "\n"
@@ -479,9 +483,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--list", action="store_true", help="list the candidates and exit")
     parser.add_argument("--every-llm-kernel", action="store_true",
-                        help="every correct LLM kernel recorded, not the last one per problem")  # fmt: skip
+                        help="every correct LLM kernel, not the last one per problem")  # fmt: skip
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                        help="cpu: a smoke run (problems shrunk, each its own candidate)")  # fmt: skip
+                        help="cpu: a smoke run (shrunk problems, each its own model)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.merge:
         report = merged(args.merge)
@@ -505,8 +509,9 @@ def main(argv=None) -> int:
 
     if cpu:
         chosen = [on_cpu(c) for c in chosen]
-    report = {"device": "cpu" if cpu else torch.cuda.get_device_name(), "trials": args.trials,
-              "entries": [], "old_options": OLD, "new_options": NEW, "started": time.time()}  # fmt: skip
+    device = "cpu" if cpu else torch.cuda.get_device_name()
+    report = {"device": device, "trials": args.trials, "entries": [], "old_options": OLD,
+              "new_options": NEW, "started": time.time()}  # fmt: skip
     if not args.no_attribute and not cpu:
         report["attribution"] = attribute(300 if args.quick else 1000)
         print("\n".join(attribution_lines(report["attribution"])), flush=True)

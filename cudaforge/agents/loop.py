@@ -14,9 +14,10 @@ A correct candidate that is not faster than the fastest one so far is not contin
 next round starts again from the fastest, and the Judge sees in the history what did not help.
 "Faster" is beyond the noise: a candidate whose time's confidence interval overlaps the fastest's
 is a tie, said so in the history, and the earlier one stays (harness.ties; medians decide for
-records without intervals). The fastest correct candidate is kept. The run stops at a budget (rounds, dollars, wall time), when
-the Judge says stop, or when a model cannot be reached. With candidates=k, k independent lanes
-run side by side each round (threads; `evaluate` must then be thread-safe).
+records without intervals). The fastest correct candidate is kept. The run stops at a budget
+(rounds, dollars, wall time), when the Judge says stop, or when a model cannot be reached. With
+candidates=k, k independent lanes run side by side each round (threads; `evaluate` must then be
+thread-safe).
 
 Every run writes a JSONL transcript (agents.transcript) that `replay:PATH` re-runs without any
 API. The prompts and the reading of replies are in agents.prompts; what the Judge reads about a
@@ -166,8 +167,8 @@ def _speed_key(result: EvalResult) -> tuple[float, float]:
 
 
 def _versus(result: EvalResult, best: EvalResult) -> str:
-    """Whether `result` is "faster", "slower" or a "tie" against `best` (the tie rule); by _speed_key
-    where either has no time (a result that only gives a speedup)."""
+    """Whether `result` is "faster", "slower" or a "tie" against `best` (the tie rule); by
+    _speed_key where either has no time (a result that only gives a speedup)."""
     if result.candidate_ms is None or best.candidate_ms is None:
         return "faster" if _speed_key(result) < _speed_key(best) else "slower"
     return compare_results(result, best)[0]
