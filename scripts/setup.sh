@@ -25,6 +25,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   else pip install -q torch==2.13.0; fi   # the CPU build
 fi
 pip install -q "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-cupti==13.0.*" "nvidia-cuda-runtime==13.0.*" \
-  numpy einops pytest nbclient nbformat ipykernel ray
+  numpy einops pytest nbclient nbformat ipykernel ray transformers
 pip install -q --no-build-isolation -e .
 echo "setup: done (.venv/bin/cudaforge doctor shows what this machine offers)"

@@ -195,8 +195,49 @@ class TensorSpec:
         return f"{dtype}{list(self.shape)}{layout}"
 
 
+def _structured_source(tensor: torch.Tensor) -> str | None:
+    """Source for an input that is structure, not data, as observed: position ids (an arange
+    along the last dimension), a causal mask (triangular, bool or additive), else None."""
+    if tensor.dim() < 1 or tensor.numel() == 0 or not tensor.is_contiguous():
+        return None
+    size = _literal(tuple(tensor.shape))
+    data = tensor.detach()
+    last = tensor.shape[-1]
+    if not (data.dtype.is_floating_point or data.dtype == torch.bool):
+        steps = torch.arange(last, device=data.device, dtype=data.dtype)
+        if torch.equal(data, steps.expand_as(data)):
+            return f"torch.arange({last}{_dtype_keyword(data.dtype)}).expand({size}).contiguous()"
+        return None
+    if tensor.dim() < 2:
+        return None
+    rows = tensor.shape[-2]
+    for maker in ("tril", "triu"):
+        pattern = getattr(torch, maker)(
+            torch.ones(rows, last, dtype=torch.bool, device=data.device)
+        )
+        made = f"torch.{maker}(torch.ones(({rows}, {last}), dtype=torch.bool))"
+        if data.dtype == torch.bool:
+            if torch.equal(data, pattern.expand_as(data)):
+                return f"{made}.expand({size}).contiguous()"
+            continue
+        # an additive mask: 0 where attention is allowed, one large negative value elsewhere
+        masked = data[~pattern.expand_as(data)]
+        if masked.numel() == 0 or not bool((data[pattern.expand_as(data)] == 0).all()):
+            continue
+        fill = float(masked.flatten()[0])
+        if fill < -1e4 and bool((masked == fill).all()):
+            dt = _dtype_keyword(data.dtype)
+            return (f"torch.zeros(({rows}, {last}){dt}).masked_fill(~{made}, {_literal(fill)})"
+                    f".expand({size}).contiguous()")  # fmt: skip
+    return None
+
+
 def _input_source(tensor: torch.Tensor) -> str:
-    """Source that makes a random tensor like `tensor` (shape, dtype, layout)."""
+    """Source that makes a random tensor like `tensor` (shape, dtype, layout); an input that is
+    structure (position ids, a causal mask) as observed."""
+    structured = _structured_source(tensor)
+    if structured is not None:
+        return structured
     dtype = tensor.dtype
     shape = list(tensor.shape)
     layout = ""

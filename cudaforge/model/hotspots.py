@@ -20,8 +20,9 @@ problem, the weights and the captured inputs to files.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -132,6 +133,7 @@ class HotspotSearch:
     skipped: list[Skipped]
     profile: ModelProfile
     forward_ms: float
+    notes: list[str] = field(default_factory=list)
 
     def __iter__(self):
         return iter(self.hotspots)
@@ -148,6 +150,7 @@ class HotspotSearch:
             where = ", ".join(s.path or "(root)" for s in h.sites[:3])
             more = f" +{len(h.sites) - 3}" if len(h.sites) > 3 else ""
             lines.append(f"  {h.name}: {h.ms:.4g} ms ({h.share:.1%}) at {where}{more}")
+        lines += [f"note: {note}" for note in self.notes]
         if self.skipped:
             lines.append("not candidates:")
             lines += [f"  {s}" for s in self.skipped]
@@ -209,6 +212,8 @@ def find_hotspots(
     kinds ('module', 'chain', 'block') or with this text in their label; or a predicate.
     Raises HotspotError (naming what and why) when the forward fails or nothing qualifies."""
     args, kwargs = split_inputs(example_inputs)
+    notes: list[str] = []
+    args, kwargs = _without_cache(model, args, kwargs, notes)
     device = model_device(model, args, kwargs)
     try:
         profile = profile or profile_model(model, (*args,) if not kwargs else kwargs)
@@ -248,8 +253,7 @@ def find_hotspots(
                 except NotExtractable as exc:
                     if is_leaf:
                         raise
-                    if "weighted" not in str(exc) and "too large" not in str(exc):
-                        skipped.append(Skipped(path, what + " as a block", str(exc)))
+                    skipped.append(Skipped(path, what + " as a whole", str(exc)))
             if not is_leaf:
                 found, refused = chain_sites(path, module, call)
                 candidates += found
@@ -280,7 +284,7 @@ def find_hotspots(
         hotspot.share = min(1.0, hotspot.ms / forward_ms) if forward_ms > 0 else 0.0
     # Where candidates overlap, the fusion wins (a block over the chains in it, a chain over its
     # modules): it covers the same work, and timings of tiny modules are too noisy to decide.
-    kind_rank = {"block": 0, "chain": 1, "module": 2}
+    kind_rank = {"block": 0, "chain": 1, "layer": 2, "module": 3}
     ranked = sorted(groups.values(), key=lambda h: (kind_rank[h.kind], -h.ms))
     if targets is not None:
         ranked = [h for h in ranked if _matches_target(h, targets)]
@@ -306,7 +310,29 @@ def find_hotspots(
             + f" (min_share={min_share:g}): {why}",
             skipped,
         )
-    return HotspotSearch(chosen, skipped, profile, forward_ms)
+    return HotspotSearch(chosen, skipped, profile, forward_ms, notes=notes)
+
+
+def _without_cache(model: nn.Module, args: tuple, kwargs: dict, notes: list[str]):
+    """A Hugging Face model builds a key/value cache object on every call unless told
+    use_cache=False; a cache is no problem input (nor part of a training step), so the model's
+    layers are captured without one: (args, kwargs) with use_cache=False added where the model's
+    config asks for a cache and the call does not say."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "use_cache", False) or "use_cache" in kwargs:
+        return args, kwargs
+    try:
+        signature = inspect.signature(model.forward)
+        if "use_cache" not in signature.parameters:
+            return args, kwargs
+        named = dict(signature.bind_partial(*args).arguments) if args else {}
+    except (TypeError, ValueError):
+        return args, kwargs
+    notes.append(
+        f"{type(model).__name__} is called with use_cache=False (its config asks for a key/value "
+        "cache, which no extracted problem can take): call it so for the kernels to apply"
+    )
+    return (), {**named, **kwargs, "use_cache": False}
 
 
 def _name(hotspots: list[Hotspot]) -> None:

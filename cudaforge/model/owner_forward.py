@@ -6,28 +6,15 @@ torch.export reads) and matching a call's non-tensor arguments."""
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any
 
 import torch
-from torch import Tensor, fx, nn
+from torch import fx, nn
 
 from .hotspot_op import bypassing
 from .sites import Site
 from .swap_errors import SwapError
 from .tracing import fetch_attribute as _fetch
-
-
-def same_constant(a, b) -> bool:
-    """Whether a call's non-tensor argument a is the traced/verified one b (NaN equals NaN)."""
-    if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return False
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    try:
-        return type(a) is type(b) and bool(a == b) or (a is b)
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def forward_code(forward):
@@ -71,7 +58,8 @@ class OwnerForward:
         self.original_forward = owner.forward
         self.graph = site.graph
         self.constants = dict(site.constants)
-        self.arguments = list(site.owner_arguments)
+        self.call = site.owner_call
+        self.specs = list(site.owner_specs)
         self.training = site.owner_training
         self.swaps: list[Any] = []  # the SwappedHotspots of its chains
         self.module: fx.GraphModule | None = None
@@ -155,24 +143,15 @@ class OwnerForward:
     def _match(self, args, kwargs):
         if self.owner.training != self.training:
             return None, "in the other training/eval mode"
-        if len(args) + len(kwargs) != len(self.arguments):
-            return None, "with other arguments"
-        values = list(args)
-        for name, _ in self.arguments[len(args) :]:
-            if name not in kwargs:
-                return None, f"without argument {name!r}"
-            values.append(kwargs[name])
-        for value, (name, (kind, expected)) in zip(values, self.arguments):
-            if kind == "tensor":
-                if not isinstance(value, Tensor):
-                    return None, f"{name} is not a tensor"
-                if value.shape != expected.shape or value.dtype != expected.dtype:
-                    return None, f"{name} is {value.dtype}{list(value.shape)}"
-                if value.device != expected.device:
-                    return None, f"{name} is on {value.device}"
-            elif not same_constant(value, expected):
-                return None, f"{name} = {value!r}"
+        values, why = self.call.match(args, kwargs)
+        if values is None:
+            return None, why
+        for value, name, expected in zip(values, self.call.names, self.specs):
+            if value.shape != expected.shape or value.dtype != expected.dtype:
+                return None, f"{name} is {value.dtype}{list(value.shape)}"
+            if value.device != expected.device:
+                return None, f"{name} is on {value.device}"
         return values, ""
 
 
-__all__ = ["OwnerForward", "forward_code", "forward_signature", "same_constant"]
+__all__ = ["OwnerForward", "forward_code", "forward_signature"]

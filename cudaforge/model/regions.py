@@ -19,6 +19,10 @@ from torch import fx, nn
 
 MAX_HEAVY = 2  # matmuls/convs/attentions in one chain or block
 MAX_BLOCK_NODES = 40
+# a layer (a module with weighted layers extracted whole): a Llama decoder layer has 8 heavy ops
+# (q, k, v, o, attention, gate, up, down) and about 60 others
+MAX_LAYER_HEAVY = 8
+MAX_LAYER_NODES = 160
 
 
 def is_torch_nn(cls: type) -> bool:
@@ -329,6 +333,8 @@ __all__ = [
     "HEAVY_KINDS",
     "MAX_BLOCK_NODES",
     "MAX_HEAVY",
+    "MAX_LAYER_HEAVY",
+    "MAX_LAYER_NODES",
     "MODE_SENSITIVE_MODULES",
     "TRANSPARENT_MODULES",
     "Region",

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from .call_template import CallTemplate
 from .capture import Call
 from .codegen import (
     NotExtractable,
@@ -39,6 +40,8 @@ from .regions import (
     HEAVY_KINDS,
     MAX_BLOCK_NODES,
     MAX_HEAVY,
+    MAX_LAYER_HEAVY,
+    MAX_LAYER_NODES,
     Region,
     classify,
     find_chains,
@@ -54,8 +57,8 @@ class Site:
     kind 'module'/'block': `module`'s whole forward; kind 'chain': some nodes of `module`'s own
     forward (the owner). `root` runs the original computation (see run_original) with the live
     parameters `tensors`, named `root_keys` in root and `problem_keys` in the problem's Model.
-    `template` maps a call's arguments to the problem's inputs: ('input', i) for the i-th
-    tensor input, ('const', value) for a value the problem specialized on."""
+    `call` maps a call's arguments to the problem's inputs (cudaforge.model.call_template:
+    which argument is the i-th tensor input, which values the problem specialized on)."""
 
     path: str
     kind: str
@@ -65,8 +68,7 @@ class Site:
     root_keys: list[str | None]
     problem_keys: list[str]
     tensors: list[torch.Tensor]
-    template: list[tuple[str, Any]]
-    kw_template: dict[str, tuple[str, Any]]
+    call: CallTemplate
     inputs: list[torch.Tensor]
     input_specs: list[TensorSpec]
     outputs: list[torch.Tensor]
@@ -79,7 +81,8 @@ class Site:
     external: list[str] = field(default_factory=list)  # chain: the nodes it takes, in order
     output_name: str = ""  # chain: the node whose value it returns
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # chain: traced constants
-    owner_arguments: list[tuple[str, Any]] = field(default_factory=list)  # chain: owner's call
+    owner_call: CallTemplate | None = None  # chain: how the owner was called
+    owner_specs: list[TensorSpec] = field(default_factory=list)  # chain: the owner's inputs
     owner_training: bool = False
 
     def release(self) -> None:
@@ -93,13 +96,7 @@ class Site:
 
     def arguments(self, inputs: Sequence[torch.Tensor]) -> tuple[tuple, dict]:
         """The call arguments of the original for the problem's tensor inputs."""
-
-        def fill(slot):
-            return inputs[slot[1]] if slot[0] == "input" else slot[1]
-
-        return tuple(fill(s) for s in self.template), {
-            k: fill(s) for k, s in self.kw_template.items()
-        }
+        return self.call.fill(inputs)
 
     def run_original(self, inputs: Sequence[torch.Tensor], tensors=None) -> list[torch.Tensor]:
         """The original computation on the problem's inputs -> its output tensors, in the
@@ -204,29 +201,29 @@ def _region_site(
         if not isinstance(value, torch.Tensor) and not is_literal(value):
             raise NotExtractable(f"takes a {type(value).__name__} ({node.name})")
 
-    def build(problem: bool) -> tuple[fx.Graph, list]:
+    def build(problem: bool) -> tuple[fx.Graph, CallTemplate]:
         out = fx.Graph()
         env: dict[fx.Node, Any] = {}
-        template = []
-        count = 0
+        slots: list[tuple] = []
+        tensor_names: list[str] = []
         argument_names: set[str] = set()
         for node in external:
             value = node.meta["value"]
             if isinstance(value, torch.Tensor):
                 env[node] = out.placeholder(argument_name(node.name, argument_names))
-                template.append(("input", count))
-                count += 1
+                slots.append(("input", len(tensor_names)))
+                tensor_names.append(env[node].name)
             elif problem:
                 env[node] = value
             else:
                 env[node] = out.placeholder(argument_name(node.name, argument_names))
-                template.append(("const", value))
+                slots.append(("const", value))
         for node in attributes:
             env[node] = out.get_attr(names[node.target])
         for node in region.nodes:
             env[node] = _copy_node(out, node, env, names)
         out.output(env[region.output])
-        return out, template
+        return out, CallTemplate(tuple(slots), {}, tensor_names)
 
     problem_graph, _ = build(True)
     runtime_graph, template = build(False)
@@ -235,9 +232,7 @@ def _region_site(
     inputs = [n.meta["value"] for n in external if isinstance(n.meta["value"], torch.Tensor)]
     output = region.output.meta["value"]
     runtime = fx.GraphModule(holder, runtime_graph)
-    site = _make_site(
-        path, "chain", label, owner, runtime, holder, template, {}, inputs, output, calls
-    )
+    site = _make_site(path, "chain", label, owner, runtime, holder, template, inputs, output, calls)
     site.node_names = [n.name for n in region.nodes]
     site.graph = graph
     site.external = [n.name for n in external]
@@ -279,7 +274,7 @@ def _module_name(target: str, module: nn.Module, taken: set[str]) -> str:
     return unique_name(text, taken)
 
 
-def _make_site(path, kind, label, module, root, holder, template, kw_template, inputs, output,
+def _make_site(path, kind, label, module, root, holder, call, inputs, output,
                calls) -> Site:  # fmt: skip
     structure = _structure_of(output)
     outputs = [t for t in flatten_output(output, structure)]
@@ -293,7 +288,7 @@ def _make_site(path, kind, label, module, root, holder, template, kw_template, i
     root_keys = [root_names.get(id(t)) for t in tensors]  # None: made by the forward itself
     return Site(
         path=path, kind=kind, label=label, module=module, root=root, root_keys=root_keys,
-        problem_keys=keys, tensors=tensors, template=template, kw_template=kw_template,
+        problem_keys=keys, tensors=tensors, call=call,
         inputs=list(inputs), input_specs=[TensorSpec.of(t) for t in inputs], outputs=outputs,
         output_specs=[TensorSpec.of(t) for t in outputs], structure=structure, calls=calls,
     )  # fmt: skip
@@ -312,33 +307,14 @@ def module_site(path: str, module: nn.Module, call: Call) -> Candidate:
     holder.add_module(child, module)
     signature = inspect.signature(type(module).forward)
     try:
-        bound = signature.bind(module, *call.args, **call.kwargs)
+        signature.bind(module, *call.args, **call.kwargs)
     except TypeError as exc:
         raise NotExtractable(f"the captured call does not fit forward{signature}: {exc}")
+    template, inputs = CallTemplate.of(module.forward, call.args, call.kwargs)
     graph = fx.Graph()
-    inputs: list[torch.Tensor] = []
-    template: list[tuple[str, Any]] = []
-    kw_template: dict[str, tuple[str, Any]] = {}
     taken: set[str] = set()
-
-    def slot(name: str, value):
-        if isinstance(value, torch.Tensor):
-            inputs.append(value)
-            return ("input", len(inputs) - 1), graph.placeholder(argument_name(name, taken))
-        if not is_literal(value):
-            raise NotExtractable(f"argument {name!r} is a {type(value).__name__}")
-        return ("const", value), value
-
-    args, kwargs = [], {}
-    for i, value in enumerate(call.args):
-        name = list(bound.arguments)[i + 1] if i + 1 < len(bound.arguments) else f"arg{i}"
-        entry, arg = slot(python_name(name), value)
-        template.append(entry)
-        args.append(arg)
-    for key, value in call.kwargs.items():
-        entry, arg = slot(python_name(key), value)
-        kw_template[key] = entry
-        kwargs[key] = arg
+    placeholders = [graph.placeholder(argument_name(n, taken)) for n in template.names]
+    args, kwargs = template.fill(placeholders)
     called = graph.call_module(child, tuple(args), kwargs)
     structure = _structure_of(call.output)
     if structure == "tensor":
@@ -351,7 +327,7 @@ def module_site(path: str, module: nn.Module, call: Call) -> Candidate:
         ]
         graph.output(picks[0] if len(picks) == 1 else tuple(picks))
     site = _make_site(
-        path, "module", cls.__name__, module, module, holder, template, kw_template, inputs,
+        path, "module", cls.__name__, module, module, holder, template, inputs,
         call.output, call.count,
     )  # fmt: skip
     label = f"cudaforge hot spot (module): {cls.__name__}"
@@ -359,7 +335,10 @@ def module_site(path: str, module: nn.Module, call: Call) -> Candidate:
 
 
 def block_site(path: str, module: nn.Module, call: Call) -> Candidate:
-    """A module without weighted layers, traced through its children -> its site and problem."""
+    """A module traced through its children (torch.nn's own modules stay calls), as called ->
+    its site and problem: kind "block" without weighted layers and at most MAX_HEAVY heavy ops
+    (a hand-written norm, GELU, attention core), kind "layer" otherwise (an attention or decoder
+    layer with its projections) up to MAX_LAYER_HEAVY heavy ops and MAX_LAYER_NODES ops."""
     tracer = ShapeTracer(shallow=False)
     try:
         graph = tracer.trace_call(module, call)
@@ -374,45 +353,42 @@ def block_site(path: str, module: nn.Module, call: Call) -> Candidate:
     ]
     if not kinds or all(k == "view" for k in kinds):
         raise NotExtractable("does no computation")
-    if "weighted" in kinds:
-        raise NotExtractable("has weighted layers (its leaves and chains are the candidates)")
     if "random" in kinds:
         raise NotExtractable("is random in this mode (dropout or batch norm in training)")
-    if sum(k in HEAVY_KINDS for k in kinds) > MAX_HEAVY or len(kinds) > MAX_BLOCK_NODES:
-        raise NotExtractable("too large for one kernel")
+    calls = [n for n in graph.nodes if n.op.startswith("call") and classify(n, module) != "view"]
+    if len(calls) == 1 and calls[0].op == "call_module":
+        raise NotExtractable(f"only calls {calls[0].target} (a candidate of its own)")
+    heavy = sum(k in HEAVY_KINDS for k in kinds)
+    kind = "layer" if "weighted" in kinds or heavy > MAX_HEAVY else "block"
+    if kind == "block" and len(kinds) > MAX_BLOCK_NODES:
+        raise NotExtractable(f"too large for one kernel ({len(kinds)} ops)")
+    if kind == "layer" and (heavy > MAX_LAYER_HEAVY or len(kinds) > MAX_LAYER_NODES):
+        raise NotExtractable(
+            f"too large for one problem ({heavy} matmuls/convolutions/attentions, {len(kinds)} "
+            f"ops; at most {MAX_LAYER_HEAVY} and {MAX_LAYER_NODES})"
+        )
     output_node = next(n for n in graph.nodes if n.op == "output")
     _check_same(output_node, call.output)
     holder = _Holder()
     taken: set[str] = set()
+    argument_names: set[str] = set()
     names: dict[str, str] = {}
     problem_graph = fx.Graph()
     env: dict[fx.Node, Any] = {}
     inputs: list[torch.Tensor] = []
-    template: list[tuple[str, Any]] = []
-    kw_template: dict[str, tuple[str, Any]] = {}
-    positional = len(call.args)
     for node in graph.nodes:
         if node.op == "placeholder":
-            value = node.meta.get("value", NOT_OBSERVED)
             argument = node.meta.get("argument", node.target)
-            if isinstance(value, torch.Tensor):
-                env[node] = problem_graph.placeholder(argument_name(argument, set()))
-                inputs.append(value)
-                entry = ("input", len(inputs) - 1)
-            else:
-                env[node] = value
-                entry = ("const", value)
-            index = list(inspect.signature(type(module).forward).parameters).index(argument) - 1
-            if index < positional:
-                template.append(entry)
-            elif argument in call.kwargs:
-                kw_template[argument] = entry
+            env[node] = problem_graph.placeholder(argument_name(argument, argument_names))
+            inputs.append(node.meta["value"])
         elif node.op == "get_attr":
             value = (
                 tracer.constants[node.target]
                 if node.target in tracer.constants
                 else fetch_attribute(module, node.target)
             )
+            if isinstance(value, nn.Module):
+                raise NotExtractable(f"uses the module {node.target} as a value")
             _hold_attribute(holder, node.target, value, names, taken)
             env[node] = problem_graph.get_attr(names[node.target])
         elif node.op == "output":
@@ -427,13 +403,18 @@ def block_site(path: str, module: nn.Module, call: Call) -> Candidate:
                 holder.add_module(names[node.target], child)
             env[node] = _copy_node(problem_graph, node, env, names)
     ops = [op_name(n, module) for n in graph.nodes if n.op.startswith("call")]
-    label = f"{type(module).__name__} ({', '.join(dict.fromkeys(ops))})"
+    if kind == "block":
+        label = f"{type(module).__name__} ({', '.join(dict.fromkeys(ops))})"
+    else:
+        heavy_ops = [op_name(n, module) for n in graph.nodes
+                     if n.op.startswith("call") and classify(n, module) in HEAVY_KINDS]  # fmt: skip
+        label = f"{type(module).__name__} [{', '.join(dict.fromkeys(heavy_ops))}]"
     site = _make_site(
-        path, "block", label, module, module, holder, template, kw_template, inputs,
-        call.output, call.count,
+        path, kind, label, module, module, holder, tracer.template, inputs, call.output,
+        call.count,
     )  # fmt: skip
     source = problem_source(
-        holder, problem_graph, f"cudaforge hot spot (block): {type(module).__name__}", inputs
+        holder, problem_graph, f"cudaforge hot spot ({kind}): {type(module).__name__}", inputs
     )
     return Candidate(site, source)
 
@@ -496,12 +477,7 @@ def chain_sites(path: str, owner: nn.Module, call: Call) -> tuple[list[Candidate
     )
     if not random:  # with dropout active the traced run draws other numbers than the real one
         _check_same(next(n for n in graph.nodes if n.op == "output"), call.output)
-    arguments = []
-    for name, value in tracer.inputs.items():
-        if isinstance(value, torch.Tensor):
-            arguments.append((name, ("tensor", TensorSpec.of(value))))
-        else:
-            arguments.append((name, ("const", value)))
+    owner_specs = [TensorSpec.of(v) for v in tracer.inputs.values()]
     found, refused = [], []
     for region in find_chains(graph, owner):
         try:
@@ -509,7 +485,8 @@ def chain_sites(path: str, owner: nn.Module, call: Call) -> tuple[list[Candidate
         except NotExtractable as exc:
             refused.append(f"{op_name(region.anchor, owner)} chain: {exc}")
             continue
-        candidate.site.owner_arguments = arguments
+        candidate.site.owner_call = tracer.template
+        candidate.site.owner_specs = owner_specs
         found.append(candidate)
     return found, refused
 

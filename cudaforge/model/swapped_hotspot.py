@@ -28,7 +28,7 @@ from torch import Tensor, fx, nn
 from .candidate import build_candidate
 from .codegen import TensorSpec
 from .hotspot_op import bypassed, bypassing, recompute_gradients, register
-from .owner_forward import OwnerForward, forward_code, forward_signature, same_constant
+from .owner_forward import OwnerForward, forward_code, forward_signature
 from .sites import Site, rebuild_output
 from .swap_compare import compare
 from .swap_errors import DriftWarning, FallbackWarning, SwapError
@@ -209,10 +209,7 @@ class SwappedHotspot:
         """What _fast_match compares, precomputed: (shape, dtype, device index, layout) per
         input and parameter, and where each parameter lives in its module."""
         site = self.site
-        simple = not site.kw_template and len(site.template) == len(site.input_specs)
-        self._simple = simple and all(
-            kind == "input" and index == i for i, (kind, index) in enumerate(site.template)
-        )
+        self._simple = site.call.plain
         self._inputs_fast = [
             (torch.Size(s.shape), s.dtype, _device_index(s.device), s.contiguous, s.stride)
             for s in site.input_specs
@@ -279,22 +276,9 @@ class SwappedHotspot:
 
     def _match(self, args, kwargs) -> tuple[list[Tensor] | None, str]:
         site = self.site
-        if len(args) != len(site.template) or kwargs.keys() != site.kw_template.keys():
-            return None, "called with other arguments than the verified call"
-        inputs: list[Any] = [None] * len(site.input_specs)
-        pairs = list(zip(args, site.template))
-        pairs += [(kwargs[key], slot) for key, slot in site.kw_template.items()]
-        for value, (kind, expected) in pairs:
-            if kind == "input":
-                if not isinstance(value, Tensor):
-                    return None, f"input {expected} is a {type(value).__name__}"
-                inputs[expected] = value
-            elif not same_constant(value, expected):
-                return None, f"an argument is {value!r} (verified with {expected!r})"
-        for index, (tensor, spec) in enumerate(zip(inputs, site.input_specs)):
-            why = spec.mismatch(tensor)
-            if why:
-                return None, f"input {index} is {why}"
+        inputs, why = site.call.match(args, kwargs, site.input_specs)
+        if inputs is None:
+            return None, why
         for module, training in self.modes:
             if module.training != training:
                 mode = "training" if module.training else "eval"

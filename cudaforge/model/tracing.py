@@ -6,15 +6,15 @@ these graphs."""
 from __future__ import annotations
 
 import contextlib
-import inspect
 import re
 from typing import Any
 
 import torch
 from torch import fx, nn
 
+from .call_template import CallTemplate
 from .capture import Call
-from .codegen import NotExtractable, is_literal
+from .codegen import NotExtractable, TensorSpec
 from .regions import is_torch_leaf
 
 NOT_OBSERVED = object()  # node.meta['value'] of a node whose value tracing did not see
@@ -68,11 +68,15 @@ class ShapeTracer(fx.Tracer):
         self.shallow = shallow
         self.inputs: dict[str, Any] = {}
         self.constants: dict[str, torch.Tensor] = {}
+        self.template: CallTemplate | None = None
         self._traced: nn.Module | None = None
+        self._wrapper: nn.Module | None = None  # while tracing: the root fx sees
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        if m is self._traced:
+            return False
         if self.shallow:
-            return m is not self._traced
+            return True
         return is_torch_leaf(m)
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
@@ -83,7 +87,7 @@ class ShapeTracer(fx.Tracer):
             isinstance(a, torch.Tensor)
             and not isinstance(a, nn.Parameter)
             and self.tensor_attrs.get(a) is None
-            and not any(a is b for b in self._traced.buffers())
+            and not any(a is b for b in self._scope().buffers())
         ):
             for name, known in self.constants.items():
                 if known is a:
@@ -108,6 +112,10 @@ class ShapeTracer(fx.Tracer):
             node.meta["value"] = self._run(node)
         return proxy
 
+    def _scope(self) -> nn.Module:
+        """What node targets are relative to: the wrapper while tracing, then the module."""
+        return self._wrapper if self._wrapper is not None else self._traced
+
     def _run(self, node: fx.Node):
         def value_of(n: fx.Node):
             value = n.meta.get("value", NOT_OBSERVED)
@@ -117,53 +125,87 @@ class ShapeTracer(fx.Tracer):
 
         args = fx.node.map_arg(node.args, value_of)
         kwargs = fx.node.map_arg(node.kwargs, value_of)
+        scope = self._scope()
         if node.op == "get_attr":
             if node.target in self.constants:
                 return self.constants[node.target]
             with _real_calls():
-                return fetch_attribute(self._traced, node.target)
-        if _mutates_input(node, self._traced) and args and isinstance(args[0], torch.Tensor):
+                return fetch_attribute(scope, node.target)
+        if _mutates_input(node, scope) and args and isinstance(args[0], torch.Tensor):
             args = (args[0].clone(), *args[1:])  # keep the observed value of the input intact
         # fx patches Module.__call__ while it traces; the observed run needs the real one
         with _real_calls():
             if node.op == "call_module":
-                return self._traced.get_submodule(node.target)(*args, **kwargs)
+                return scope.get_submodule(node.target)(*args, **kwargs)
             if node.op == "call_method":
                 return getattr(args[0], node.target)(*args[1:], **kwargs)
             return node.target(*args, **kwargs)
 
     def trace_call(self, module: nn.Module, call: Call) -> fx.Graph:
-        """Trace module's forward with the call's observed arguments; non-tensor arguments are
-        specialized to their observed values."""
+        """Trace module's forward as it was called: the call's tensors become the graph's
+        placeholders (self.template says where each sat, nested in tuples and keywords too),
+        every other argument is specialized to its observed value. Works for a forward that
+        takes *args or **kwargs: the observed call is traced, not the signature. A tensor the
+        computation never reads is dropped from the placeholders ("unused" in the template)."""
+        template, tensors = CallTemplate.of(module.forward, call.args, call.kwargs)
+        names = template.names
+        self.inputs = dict(zip(names, tensors))
+        wrapper = _observed_call(module, template)
         self._traced = module
-        signature = inspect.signature(type(module).forward)
-        try:
-            bound = signature.bind(module, *call.args, **call.kwargs)
-        except TypeError as exc:
-            raise NotExtractable(f"the captured call does not fit forward{signature}: {exc}")
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
-        arguments.pop(next(iter(signature.parameters)))
-        for parameter in signature.parameters.values():
-            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-                raise NotExtractable("forward takes *args or **kwargs")
-        self.inputs = arguments
-        concrete = {k: v for k, v in arguments.items() if not isinstance(v, torch.Tensor)}
-        for key, value in arguments.items():
-            if isinstance(value, torch.Tensor):
-                continue
-            if not is_literal(value):
-                raise NotExtractable(f"argument {key!r} is a {type(value).__name__}")
+        self._wrapper = wrapper
         with torch.no_grad():  # observed values without autograd history
-            graph = self.trace(module, concrete_args=concrete or None)
+            graph = self.trace(wrapper)
+        _strip_prefix(graph, _INNER + ".")
+        self._wrapper = None
         _drop_specialization_asserts(graph)
-        for node in graph.nodes:
-            if node.op == "placeholder":
-                name = node.target
-                base = name[:-2] if name.endswith("_1") and name[:-2] in arguments else name
-                node.meta["value"] = arguments.get(base, node.meta.get("value", NOT_OBSERVED))
-                node.meta["argument"] = base
+        unused = set()
+        for index, node in enumerate(n for n in graph.nodes if n.op == "placeholder"):
+            node.meta["value"] = self.inputs[node.target]
+            node.meta["argument"] = node.target
+            if not node.users:
+                unused.add(index)
+        for node in [n for n in graph.nodes if n.op == "placeholder" and not n.users]:
+            graph.erase_node(node)
+        specs = [TensorSpec.of(t) for t in tensors]
+        self.template = template.drop_inputs(unused, specs)
+        self.inputs = {n: self.inputs[n] for n in self.template.names}
         return graph
+
+
+_INNER = "observed"
+
+
+class _ObservedCall(nn.Module):
+    """The module called as observed: forward(*tensors) fills the call template and calls it.
+    fx traces this (its forward's parameters are the tensor inputs' names)."""
+
+    def __init__(self, module: nn.Module, template: CallTemplate):
+        super().__init__()
+        self.add_module(_INNER, module)
+        self.template = template
+
+    def call_observed(self, tensors):
+        args, kwargs = self.template.fill(tensors)
+        return getattr(self, _INNER)(*args, **kwargs)
+
+
+def _observed_call(module: nn.Module, template: CallTemplate) -> _ObservedCall:
+    """An _ObservedCall whose forward takes one parameter per tensor input, by name."""
+    names = template.names
+    listed = "".join(f"{n}, " for n in names)
+    source = f"def forward(self, {listed}):\n    return self.call_observed(({listed}))\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<cudaforge observed call>", "exec"), namespace)  # noqa: S102
+    cls = type("ObservedCall", (_ObservedCall,), {"forward": namespace["forward"]})
+    return cls(module, template)
+
+
+def _strip_prefix(graph: fx.Graph, prefix: str) -> None:
+    """Targets relative to the traced module instead of its wrapper."""
+    for node in graph.nodes:
+        if node.op in ("get_attr", "call_module") and str(node.target).startswith(prefix):
+            node.target = node.target[len(prefix) :]
+            node._rename(node.target.replace(".", "_"))
 
 
 def _real_calls():
