@@ -30,6 +30,7 @@ from torch import nn
 
 from ..errors import CudaforgeError
 from ..harness.problem import problem_hash
+from .attribution import attribute
 from .capture import capture_calls
 from .codegen import NotExtractable
 from .regions import DROPOUT_MODULES, TRANSPARENT_MODULES, is_torch_leaf
@@ -66,7 +67,10 @@ class Hotspot:
     label: str
     problem_source: str
     sites: list[Site]
-    share: float = 0.0  # of the model's forward time, all sites together
+    # of the model's forward time, all sites together, measured inside the forward (disjoint
+    # from every other hot spot's: cudaforge.model.attribution)
+    share: float = 0.0
+    model_ms: float | None = None  # that time per forward (ms)
 
     @property
     def problem_hash(self) -> str:
@@ -134,6 +138,9 @@ class HotspotSearch:
     profile: ModelProfile
     forward_ms: float
     notes: list[str] = field(default_factory=list)
+    # the share of the forward the hot spots cover together (their shares' sum, at most 1);
+    # None when it could not be measured inside the forward
+    coverage: float | None = None
 
     def __iter__(self):
         return iter(self.hotspots)
@@ -145,11 +152,20 @@ class HotspotSearch:
         return self.hotspots[index]
 
     def summary(self) -> str:
-        lines = [f"forward: {self.forward_ms:.4g} ms; {len(self.hotspots)} hot spot(s)"]
+        covered = f", covering {self.coverage:.1%} of it" if self.coverage is not None else ""
+        lines = [
+            (
+                f"forward: {self.forward_ms:.4g} ms; {len(self.hotspots)} hot spot(s){covered} "
+                "(shares measured inside the forward, disjoint)"
+            )
+        ]
         for h in self.hotspots:
             where = ", ".join(s.path or "(root)" for s in h.sites[:3])
             more = f" +{len(h.sites) - 3}" if len(h.sites) > 3 else ""
-            lines.append(f"  {h.name}: {h.ms:.4g} ms ({h.share:.1%}) at {where}{more}")
+            lines.append(
+                f"  {h.name}: {h.share:.1%} of the forward ({h.ms:.4g} ms on its own) at "
+                f"{where}{more}"
+            )
         lines += [f"note: {note}" for note in self.notes]
         if self.skipped:
             lines.append("not candidates:")
@@ -300,7 +316,11 @@ def find_hotspots(
         hotspot.share = min(1.0, hotspot.ms / forward_ms) if forward_ms > 0 else 0.0
         chosen.append(hotspot)
         taken += sites
-    chosen = sorted(chosen, key=lambda h: -h.ms)[:max_hotspots]
+    coverage = _attribute(model, args, kwargs, chosen, device, forward_ms, notes)
+    if targets is None:
+        chosen = [h for h in chosen if h.share >= min_share]
+    chosen = sorted(chosen, key=lambda h: -h.share)[:max_hotspots]
+    coverage = sum(h.share for h in chosen) if coverage is not None else None
     _name(chosen)
     if not chosen:
         why = "; ".join(str(s) for s in skipped[:8]) or "no module takes enough of the time"
@@ -310,7 +330,32 @@ def find_hotspots(
             + f" (min_share={min_share:g}): {why}",
             skipped,
         )
-    return HotspotSearch(chosen, skipped, profile, forward_ms, notes=notes)
+    return HotspotSearch(chosen, skipped, profile, forward_ms, notes=notes, coverage=coverage)
+
+
+def _attribute(model, args, kwargs, chosen: list[Hotspot], device, forward_ms, notes):
+    """Each chosen hot spot's share of the forward, measured inside the model's forward
+    (cudaforge.model.attribution: disjoint, at most 100% together); the coverage, or None when
+    that run failed (the shares are then the sites' own times over the forward's, scaled down
+    to 100% together where they add up to more, and a note says so)."""
+    if not chosen:
+        return 0.0
+    try:
+        found = attribute(model, args, kwargs, [h.sites for h in chosen], device)
+    except Exception as exc:  # noqa: BLE001 - the hot spots stand; their shares are estimates
+        total = sum(h.ms for h in chosen)
+        scale = min(1.0, forward_ms / total) if total > 0 else 0.0
+        for hotspot in chosen:
+            hotspot.share = hotspot.ms * scale / forward_ms if forward_ms > 0 else 0.0
+        notes.append(
+            f"shares are the hot spots' own times, not measured inside the forward ({error_line(exc)})"
+        )
+        return None
+    for index, hotspot in enumerate(chosen):
+        hotspot.model_ms = found.ms[index]
+        hotspot.share = min(1.0, found.share(index))
+    notes += [f"not seen in the forward as captured: {m}" for m in found.missed]
+    return found.coverage
 
 
 def _without_cache(model: nn.Module, args: tuple, kwargs: dict, notes: list[str]):
