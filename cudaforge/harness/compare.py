@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .options import EvalOptions, Tolerances, dtype_name, tolerance_of
+from .options import EvalOptions, Tolerances, dtype_name, reduced_precision_bound, tolerance_of
 from .results import TrialFailure
 
 
@@ -44,10 +44,13 @@ def check_outputs(
     seed: int | None = None,
     phase: str = "correctness",
     facts: list | None = None,
+    reference32=None,
 ) -> TrialFailure | None:
     """None when `actual` matches `expected` (every output); else the first difference.
     `facts`: for outputs rebuilt from host copies (host_copy.py), per leaf the facts of the
-    candidate's own tensor (class, device, layout, strides), read in place of the copy's."""
+    candidate's own tensor (class, device, layout, strides), read in place of the copy's.
+    `reference32`: the reference's outputs from an fp32 run; a bf16/fp16 output with its fp32
+    counterpart there is judged by the reduced-precision rule (options.py)."""
     import torch
 
     def fail(index: int, message: str, **kw) -> TrialFailure:
@@ -56,6 +59,9 @@ def check_outputs(
                             f"{message}", phase=phase, seed=seed, **kw)  # fmt: skip
 
     got, want = leaves(actual), leaves(expected)
+    exact = leaves(reference32) if reference32 is not None else []
+    if len(exact) != len(want):
+        exact = []
     if len(got) != len(want) or isinstance(actual, (list, tuple)) != isinstance(
         expected, (list, tuple)
     ):
@@ -91,7 +97,12 @@ def check_outputs(
         elif not _strides_ok(a, e):
             return fail(i, f"strides {a.stride()} (contiguous: {a.is_contiguous()}), expected "
                         f"{e.stride()} or contiguous")  # fmt: skip
-        mismatch = compare_tensors(a, e, options)
+        e32 = exact[i] if exact else None
+        if _has_fp32_counterpart(e, e32, options):
+            found = reduced_precision_difference(a, e, e32, options)
+            mismatch = None if found.ok else found.failure_fields()
+        else:
+            mismatch = compare_tensors(a, e, options)
         if mismatch is not None:
             return fail(i, mismatch.pop("message"), **mismatch)
     return None
@@ -280,6 +291,106 @@ def tensor_difference(
             "close to them (an all-zero output looks like this)"
         )
     found.message = message
+    return found
+
+
+def _has_fp32_counterpart(e, e32, options) -> bool:
+    import torch
+
+    return (
+        isinstance(e32, torch.Tensor)
+        and reduced_precision_bound(options, e.dtype) is not None
+        and e32.shape == e.shape
+        and e32.dtype in (torch.float32, torch.float64)
+        and e32.device == e.device
+    )
+
+
+def reduced_precision_difference(
+    actual, expected, expected32, options: EvalOptions | Tolerances, chunk: int = 1 << 24
+) -> TensorDifference:
+    """A bf16/fp16 output judged against an fp32 run of the reference (the rule in options.py):
+    its error against `expected32` at most k times the reduced-precision reference's own error
+    (`expected` against `expected32`) plus a floor of f ulps at the output's scale, for the
+    largest error and for the root mean square. Where either reference is NaN or Inf only the
+    reduced-precision reference's value passes; NaN/Inf where both are finite fails. The errors
+    reported (max_abs_err, ...) are against `expected`, as for every other dtype."""
+    import torch
+
+    multiple, floor_ulps, eps = reduced_precision_bound(options, expected.dtype)
+    n = expected.numel()
+    if n == 0:
+        return TensorDifference(ok=True, total=0)
+    a_flat, e_flat, r_flat = actual.reshape(-1), expected.reshape(-1), expected32.reshape(-1)
+    sums = dict.fromkeys(("cand", "ref", "scale", "err_e", "norm_e"), 0.0)
+    peaks = dict.fromkeys(("cand", "ref", "scale", "abs_e", "rel_e"), 0.0)
+    special_bad = nonfinite = 0
+    worst = (-1.0, -1)  # (candidate's error against fp32, flat index)
+    for lo in range(0, n, chunk):
+        a = a_flat[lo : lo + chunk].double()
+        e = e_flat[lo : lo + chunk].double()
+        r = r_flat[lo : lo + chunk].double()
+        regular = torch.isfinite(r) & torch.isfinite(e)
+        same_special = (torch.isnan(a) & torch.isnan(e)) | (a == e)
+        special_bad += int((~regular & ~same_special).sum())
+        a_fin = torch.isfinite(a)
+        nonfinite += int((regular & ~a_fin).sum())
+        ok = regular & a_fin
+        zero = torch.zeros_like(r)
+        err_c = torch.where(ok, (a - r).abs(), zero)
+        err_r = torch.where(regular, (e - r).abs(), zero)
+        scale = torch.where(regular, r.abs(), zero)
+        diff = torch.where(ok, (a - e).abs(), zero)
+        sums["cand"] += float((err_c * err_c).sum())
+        sums["ref"] += float((err_r * err_r).sum())
+        sums["scale"] += float((scale * scale).sum())
+        sums["err_e"] += float((diff * diff).sum())
+        sums["norm_e"] += float(torch.where(ok, e * e, zero).sum())
+        peaks["cand"] = max(peaks["cand"], float(err_c.max()))
+        peaks["ref"] = max(peaks["ref"], float(err_r.max()))
+        peaks["scale"] = max(peaks["scale"], float(scale.max()))
+        peaks["abs_e"] = max(peaks["abs_e"], float(diff.max()))
+        nz = ok & (e != 0)
+        if bool(nz.any()):
+            peaks["rel_e"] = max(peaks["rel_e"], float((diff[nz] / e[nz].abs()).max()))
+        top, where = torch.max(err_c, dim=0)
+        if float(top) > worst[0]:
+            worst = (float(top), lo + int(where))
+    rms = {k: math.sqrt(sums[k] / n) for k in ("cand", "ref", "scale")}
+    bound_max = multiple * peaks["ref"] + floor_ulps * eps * peaks["scale"]
+    bound_rms = multiple * rms["ref"] + floor_ulps * eps * rms["scale"]
+    found = TensorDifference(
+        ok=False,
+        total=n,
+        max_abs_err=peaks["abs_e"],
+        max_rel_err=peaks["rel_e"],
+        rel_l2_err=math.sqrt(sums["err_e"] / sums["norm_e"]) if sums["norm_e"] > 0 else 0.0,
+        nonfinite=nonfinite,
+    )
+    too_far = peaks["cand"] > bound_max or rms["cand"] > bound_rms
+    if not (special_bad or nonfinite or too_far):
+        found.ok = True
+        return found
+    dtype = dtype_name(expected.dtype)
+    flat = max(worst[1], 0)
+    found.mismatches = special_bad + nonfinite + (1 if too_far else 0)
+    found.worst_index = _unravel(flat, tuple(expected.shape)) if expected.dim() else []
+    found.expected, found.actual = _num(r_flat[flat].item()), _num(a_flat[flat].item())
+    if special_bad or nonfinite:
+        found.message = (
+            f"{special_bad + nonfinite} of {n} elements are NaN/Inf where the reference is "
+            "finite, or differ from the reference's NaN/Inf"
+        )
+        return found
+    found.message = (
+        f"less precise than PyTorch's own {dtype} result: its error against an fp32 run of the "
+        f"reference is max {peaks['cand']:.3g}, rms {rms['cand']:.3g}, where the {dtype} "
+        f"reference's own error is max {peaks['ref']:.3g}, rms {rms['ref']:.3g}; allowed "
+        f"{multiple:g}x that + {floor_ulps:g} ulp at the output's scale (max {bound_max:.3g}, "
+        f"rms {bound_rms:.3g}). Worst at {found.worst_index}: fp32 reference {r_flat[flat].item():.6g}, "
+        f"{dtype} reference {e_flat[flat].item():.6g}, got {a_flat[flat].item():.6g} (lower-"
+        f"precision inputs, accumulation or intermediates than PyTorch's {dtype} op)"
+    )
     return found
 
 

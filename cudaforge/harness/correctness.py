@@ -12,7 +12,7 @@ import types
 from .compare import aliases, leaves, overlap
 from .evaluation import Evaluation, cloned, one_line, refill, tensor_bytes
 from .guards import CORRECTNESS_GUARDS, _fingerprint, kernel_names_in
-from .options import tolerance_of
+from .options import reduced_precision_bound, tolerance_of
 from .problem import _seeded
 from .reference import ReferenceJudge, check_seed
 from .results import TrialFailure
@@ -118,6 +118,9 @@ class CorrectnessPhases(Evaluation):
                        candidate, f" with sizes {sizes}")  # fmt: skip
         r.correct = True
         r.tolerances = self.tolerances_used
+        why = getattr(self.judge, "fp32_unavailable", "")
+        if isinstance(why, str) and why:
+            r.notes.append(f"bf16/fp16 outputs judged by the tolerance table alone: {why}")
         self.passed_guard(*CORRECTNESS_GUARDS)
         if self.cuda:
             self.passed_guard("unwritten_output")
@@ -198,6 +201,12 @@ class CorrectnessPhases(Evaluation):
             out.update(
                 {f"{dtype}.atol": atol, f"{dtype}.rtol": rtol, f"{dtype}.norm_tol": norm_tol}
             )
+            bound = reduced_precision_bound(self.opts, dtype)
+            judge = getattr(self, "judge", None)
+            fp32 = self.opts.fp32_reference and not getattr(judge, "fp32_unavailable", "")
+            if bound is not None and fp32:  # judged against the fp32 reference instead
+                out.update({f"{dtype}.ref_error_multiple": bound[0],
+                            f"{dtype}.ref_error_floor_ulps": bound[1]})  # fmt: skip
         return out
 
     dtypes_seen: set | None = None

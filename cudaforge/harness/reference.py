@@ -12,6 +12,7 @@ seed + 300 000 + j. The same seed on the same device gives the same inputs on bo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -87,6 +88,9 @@ class ReferenceJudge:
         self.usable_extra: list[int] = []
         self.skipped_extra: dict[int, str] = {}
         self._cache: dict[tuple, Any] = {}  # (phase, index) -> expected(); the last two
+        self._cache32: dict[tuple, Any] = {}  # (phase, index) -> expected32(); the last two
+        self.models32: dict[int, Any] = {}  # extra index (-1: main) -> the fp32 copy
+        self.fp32_unavailable = ""  # why the reduced-precision rule could not be applied
 
     def build(self) -> None:
         """The reference Model of the problem and of each extra size it can take (seeded like
@@ -110,6 +114,8 @@ class ReferenceJudge:
     def close(self) -> None:
         self.models.clear()
         self._cache.clear()
+        self.models32.clear()
+        self._cache32.clear()
 
     # ------------------------------------------------------------------ the reference's runs
 
@@ -166,9 +172,56 @@ class ReferenceJudge:
             return False
         try:
             self.expected(phase, index)
+            self.expected32(phase, index)
         except Exception:  # noqa: BLE001 - judged (and said) when the check itself comes
             return False
         return True
+
+    def expected32(self, phase: str, index: int):
+        """The reference's outputs from an fp32 run on check `index`'s inputs (its weights and
+        bf16/fp16 inputs upcast), when some output is bf16/fp16; else None. None too, with
+        `fp32_unavailable` saying why, when the reference cannot run in fp32: its outputs are
+        then judged by the tolerance table alone."""
+        torch = self.torch
+        if not self.opts.fp32_reference or self.fp32_unavailable:
+            return None
+        key = (phase, index)
+        if key in self._cache32:
+            return self._cache32[key]
+        _, _, out = self.expected(phase, index)
+        reduced = (torch.bfloat16, torch.float16)
+        if not any(isinstance(v, torch.Tensor) and v.dtype in reduced for v in leaves(out)):
+            return None
+        problem, module, model = self._model_of(phase, index)
+        extra = index - self.opts.trials if phase == "correctness" else -1
+        try:
+            model32 = self.models32.get(max(extra, -1))
+            if model32 is None:
+                model32 = copy.deepcopy(model)
+                if isinstance(model32, torch.nn.Module):
+                    model32 = model32.float()
+                self.models32[max(extra, -1)] = model32
+            base = problem.make_inputs(check_seed(self.opts, phase, index), self.device, module)
+            inputs = [
+                v.float() if isinstance(v, torch.Tensor) and v.dtype in reduced else v for v in base
+            ]
+            self.settings.apply()
+            with torch.no_grad():
+                out32 = model32(*inputs)
+        except Exception as e:  # noqa: BLE001 - a reference without an fp32 form
+            self.fp32_unavailable = f"the reference does not run in fp32: {type(e).__name__}: {e}"
+            return None
+        got, want = leaves(out32), leaves(out)
+        if len(got) != len(want) or any(
+            isinstance(w, torch.Tensor) and (not isinstance(g, torch.Tensor) or g.shape != w.shape)
+            for g, w in zip(got, want)
+        ):
+            self.fp32_unavailable = "the reference's fp32 run returns other outputs"
+            return None
+        while len(self._cache32) >= 2:
+            del self._cache32[next(iter(self._cache32))]  # the oldest
+        self._cache32[key] = out32
+        return out32
 
     def output_bytes(self) -> int:
         """Bytes of the main problem's reference outputs (a bound for what a candidate sends)."""
@@ -190,7 +243,8 @@ class ReferenceJudge:
             return Judgement(error=f"the reference failed: {type(e).__name__}: {text}")
         seed = check_seed(opts, phase, index)
         if phase == "correctness":
-            failure = check_outputs(out, expected, opts, trial=index, seed=seed, facts=facts)
+            failure = check_outputs(out, expected, opts, trial=index, seed=seed, facts=facts,
+                                    reference32=self.expected32(phase, index))  # fmt: skip
             label = self._label(index)
             if failure is not None:
                 failure.message = failure.message.replace(
@@ -207,7 +261,8 @@ class ReferenceJudge:
             return self._judge_inputs(index, seed, base, ref_inputs, inputs, input_facts)
         if phase == "timed_output":
             failure = check_outputs(out, expected, opts, trial=index, seed=None,
-                                    phase="timed_output", facts=facts)  # fmt: skip
+                                    phase="timed_output", facts=facts,
+                                    reference32=self.expected32(phase, index))  # fmt: skip
             if failure is not None:
                 failure.message = (
                     f"checked timed run {index + 1} of {of} (fresh inputs in a buffer it had "
@@ -215,7 +270,7 @@ class ReferenceJudge:
                 )
             return Judgement(failure=failure)
         failure = check_outputs(out, expected, opts, trial=index, seed=seed, phase="revalidation",
-                                facts=facts)  # fmt: skip
+                                facts=facts, reference32=self.expected32(phase, index))  # fmt: skip
         if failure is not None:
             failure.message = (
                 f"after timing, on new values in a buffer it was timed on: {failure.message}"
