@@ -131,6 +131,8 @@ def attribute(
     totals = [0.0] * len(site_groups)
     forward_us = 0.0
     for event in prof.events():
+        if not _host_side(event):
+            continue  # the GPU's copy of a range (kineto's annotation): its kernels count once
         if event.name == _FORWARD:
             forward_us += span(event)
         elif event.name.startswith(_RANGE) and not _inside_another(event):
@@ -142,6 +144,11 @@ def attribute(
         time_kind="cuda" if on_gpu else "cpu",
         missed=missed,
     )
+
+
+def _host_side(event) -> bool:
+    kind = getattr(event, "device_type", None)
+    return kind is None or str(kind).endswith("CPU")
 
 
 def _inside_another(event) -> bool:

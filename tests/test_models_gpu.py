@@ -1,0 +1,55 @@
+"""find_hotspots on the four models of the real-architectures issue, in bf16, on the GPU (the
+H200): GPT2LMHeadModel(GPT2Config()) batch 8 seq 1024, a 2-layer Llama (hidden 2048, GQA) batch 4
+seq 2048, resnet50 batch 64 channels_last, vit_b_16 batch 64. Each extracted problem runs
+standalone and reproduces its module; the shares are disjoint (they add up to the coverage, at
+most 100%); nothing is refused for taking *args/**kwargs; the coverage is printed.
+
+Run on the GPU machine with:  python -m pytest tests/test_models_gpu.py -m gpu -v -s
+(about 2-3 minutes; benchmarks/models_hotspots.py prints the same reports.)"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import models_hotspots
+
+from cudaforge.harness.evaluate import run_evaluation
+from cudaforge.harness.options import EvalOptions
+from cudaforge.harness.problem import Problem
+
+NEEDS = {"gpt2": "transformers", "llama": "transformers", "resnet50": "torchvision",
+         "vit_b_16": "torchvision"}  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", models_hotspots.MODELS)
+def test_issue_model_hotspots(name):
+    pytest.importorskip(NEEDS[name])
+    report = models_hotspots.run_model(name, "cuda")
+    print("\n" + models_hotspots.describe(report))
+    hotspots = report["hotspots"]
+    assert hotspots, report["refused"]
+    for hotspot in hotspots:
+        assert hotspot["standalone"] and hotspot["matches"], hotspot
+        assert hotspot["dtype"] == "bfloat16" or "int64" in hotspot["dtype"], hotspot
+    shares = [h["share"] for h in hotspots]
+    assert all(s > 0 for s in shares)
+    assert report["coverage"] == pytest.approx(sum(shares)) and sum(shares) <= 1.0 + 1e-6
+    assert not [r for r in report["refused"] if "*args" in r["reason"]], report["refused"]
+    if name in ("gpt2", "llama"):
+        assert any("scaled_dot_product_attention" in h["label"] for h in hotspots)
+    # the largest hot spot's problem through the harness, as its own candidate (bf16: judged
+    # against the fp32 run of the reference)
+    torch.cuda.empty_cache()
+    source = hotspots[0]["problem_source"]
+    same = source.replace("class Model(", "class ModelNew(")
+    options = EvalOptions(trials=2, timed_runs=5, warmup=2, input_sets=1, traced_runs=0)
+    result = run_evaluation(Problem.from_source(source), same, options)
+    assert result.status == "ok", result.error
+    print(f"{name}: {hotspots[0]['name']} through the harness: ok, {result.tolerances}")
