@@ -80,13 +80,20 @@ class KwargsAttention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1)), None
 
 
+class SiLUActivation(nn.Module):
+    """An activation module of the model's own (as Hugging Face's): no weights, one op."""
+
+    def forward(self, x):
+        return F.silu(x)
+
+
 class SwiGLU(nn.Module):
     def __init__(self, dim=64, hidden=128):
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
-        self.act_fn = nn.SiLU()
+        self.act_fn = SiLUActivation()
 
     def forward(self, x):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
@@ -180,6 +187,12 @@ def test_kwargs_attention_yields_the_rope_and_attention_chain(decoder_search):
     # q, k, v projections and the (cos, sin) tuple, flattened
     assert attention.shapes == [[2, 12, 64], [2, 12, 32], [2, 12, 32], [1, 12, 16], [1, 12, 16]]
     assert "position_embeddings_0, position_embeddings_1" in attention.problem_source
+    # SwiGLU: the gate projection, the model's own SiLU module and the product, one chain; the
+    # SiLU module is then no hot spot of its own
+    gate = next(h for h in search if h.label == "Linear -> silu -> mul")
+    assert gate.kind == "chain" and gate.sites[0].path == "layers.0.mlp"
+    assert gate.sites[0].inlined == ["act_fn"]
+    assert not [h for h in search if h.sites[0].path.endswith("act_fn")]
     for hotspot in search:
         for i in range(len(hotspot.sites)):
             assert reproduces(hotspot, i)
@@ -276,6 +289,8 @@ def test_hugging_face_layers(hf_models, name, layers):
     assert not [s for s in search.skipped if "*args" in s.reason], search.summary()
     attention = next(h for h in search if "scaled_dot_product_attention" in h.label)
     assert attention.kind == "chain" and attention.sites[0].path.endswith("attn")
+    if name == "llama":  # SwiGLU's gate, with Hugging Face's own activation module inside
+        assert any(h.label == "Linear -> silu -> mul" for h in search), search.summary()
     for hotspot in search:
         assert reproduces(hotspot)
     for target in layers:

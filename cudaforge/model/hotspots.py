@@ -196,7 +196,8 @@ def _called_modules(site: Site) -> list[str]:
     if site.graph is None:
         return []
     names = set(site.node_names)
-    return [n.target for n in site.graph.nodes if n.name in names and n.op == "call_module"]
+    called = [n.target for n in site.graph.nodes if n.name in names and n.op == "call_module"]
+    return called + list(site.inlined)
 
 
 def _matches_target(hotspot: Hotspot, targets) -> bool:
@@ -300,8 +301,15 @@ def find_hotspots(
         hotspot.share = min(1.0, hotspot.ms / forward_ms) if forward_ms > 0 else 0.0
     # Where candidates overlap, the fusion wins (a block over the chains in it, a chain over its
     # modules): it covers the same work, and timings of tiny modules are too noisy to decide.
+    # A block of one op (an activation module) fuses nothing: it ranks with the modules.
     kind_rank = {"block": 0, "chain": 1, "layer": 2, "module": 3}
-    ranked = sorted(groups.values(), key=lambda h: (kind_rank[h.kind], -h.ms))
+
+    def rank(h: Hotspot) -> int:
+        return (
+            kind_rank["module"] if h.kind == "block" and h.sites[0].ops <= 1 else kind_rank[h.kind]
+        )
+
+    ranked = sorted(groups.values(), key=lambda h: (rank(h), -h.ms))
     if targets is not None:
         ranked = [h for h in ranked if _matches_target(h, targets)]
     else:

@@ -84,6 +84,8 @@ class Site:
     owner_call: CallTemplate | None = None  # chain: how the owner was called
     owner_specs: list[TensorSpec] = field(default_factory=list)  # chain: the owner's inputs
     owner_training: bool = False
+    inlined: list[str] = field(default_factory=list)  # chain: stateless modules whose ops it has
+    ops: int = 0  # block/layer: its ops other than views
 
     def release(self) -> None:
         """Drop the captured tensors (inputs, outputs, observed values in the traced graph);
@@ -234,6 +236,7 @@ def _region_site(
     runtime = fx.GraphModule(holder, runtime_graph)
     site = _make_site(path, "chain", label, owner, runtime, holder, template, inputs, output, calls)
     site.node_names = [n.name for n in region.nodes]
+    site.inlined = sorted({p for n in region.nodes for p in n.meta.get("inside", ())})
     site.graph = graph
     site.external = [n.name for n in external]
     site.output_name = region.output.name
@@ -413,6 +416,7 @@ def block_site(path: str, module: nn.Module, call: Call) -> Candidate:
         path, kind, label, module, module, holder, tracer.template, inputs, call.output,
         call.count,
     )  # fmt: skip
+    site.ops = len(calls)
     source = problem_source(
         holder, problem_graph, f"cudaforge hot spot ({kind}): {type(module).__name__}", inputs
     )
@@ -463,13 +467,21 @@ def error_line(exc: BaseException) -> str:
 
 
 def chain_sites(path: str, owner: nn.Module, call: Call) -> tuple[list[Candidate], list[str]]:
-    tracer = ShapeTracer(shallow=True)
-    try:
-        graph = tracer.trace_call(owner, call)
-    except NotExtractable:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise NotExtractable(f"torch.fx cannot trace its forward: {error_line(exc)}") from None
+    """The fusable chains of `owner`'s own forward, as called; its stateless child modules (a
+    model's own activation functions) traced into it where that works, else left as calls."""
+    for inline in (True, False):
+        tracer = ShapeTracer(shallow=True, inline=inline)
+        try:
+            graph = tracer.trace_call(owner, call)
+            break
+        except NotExtractable:
+            if inline:
+                continue
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if inline:
+                continue
+            raise NotExtractable(f"torch.fx cannot trace its forward: {error_line(exc)}") from None
     random = any(
         classify(n, owner) == "random"
         for n in graph.nodes

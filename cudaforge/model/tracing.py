@@ -15,7 +15,7 @@ from torch import fx, nn
 from .call_template import CallTemplate
 from .capture import Call
 from .codegen import NotExtractable, TensorSpec
-from .regions import is_torch_leaf
+from .regions import is_torch_leaf, is_torch_nn
 
 NOT_OBSERVED = object()  # node.meta['value'] of a node whose value tracing did not see
 
@@ -58,14 +58,19 @@ class _ShapedProxy(fx.Proxy):
 class ShapeTracer(fx.Tracer):
     """torch.fx tracing that also runs each op on the observed values (node.meta['value']).
 
-    shallow=True: every direct child of the traced module is a leaf (a module's own code);
-    else torch.nn's own modules are leaves and the others are traced through."""
+    shallow=True: every direct child of the traced module is a leaf (a module's own code),
+    except, with inline=True, a stateless one (no weights, buffers or children: an activation
+    module of the model's own, such as Hugging Face's SiLUActivation), whose ops join the
+    forward's so that a chain can fuse them; else torch.nn's own modules are leaves and the
+    others are traced through. A node's meta['inside'] names the modules (paths below the traced
+    one) whose code it came from."""
 
     proxy_buffer_attributes = True
 
-    def __init__(self, shallow: bool):
+    def __init__(self, shallow: bool, inline: bool = False):
         super().__init__()
         self.shallow = shallow
+        self.inline = inline
         self.inputs: dict[str, Any] = {}
         self.constants: dict[str, torch.Tensor] = {}
         self.template: CallTemplate | None = None
@@ -76,7 +81,7 @@ class ShapeTracer(fx.Tracer):
         if m is self._traced:
             return False
         if self.shallow:
-            return True
+            return not (self.inline and is_stateless(m))
         return is_torch_leaf(m)
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
@@ -91,7 +96,9 @@ class ShapeTracer(fx.Tracer):
         ):
             for name, known in self.constants.items():
                 if known is a:
-                    return self.create_node("get_attr", name, (), {})
+                    node = self.create_node("get_attr", name, (), {})
+                    node.meta["value"] = a
+                    return node
             name = f"_cf_constant_{len(self.constants)}"
             self.constants[name] = a
             node = self.create_node("get_attr", name, (), {})
@@ -206,6 +213,19 @@ def _strip_prefix(graph: fx.Graph, prefix: str) -> None:
         if node.op in ("get_attr", "call_module") and str(node.target).startswith(prefix):
             node.target = node.target[len(prefix) :]
             node._rename(node.target.replace(".", "_"))
+        stack = node.meta.get("nn_module_stack") or {}
+        paths = [str(v[0]) for v in stack.values() if isinstance(v, tuple) and v]
+        inside = [p[len(prefix) :] for p in paths if p.startswith(prefix)]
+        node.meta["inside"] = [
+            p for p in inside if not (node.op == "call_module" and p == node.target)
+        ]
+
+
+def is_stateless(module: nn.Module) -> bool:
+    """A module of the model's own with no weights, buffers or children: a function."""
+    if is_torch_nn(type(module)) or next(module.children(), None) is not None:
+        return False
+    return next(module.parameters(), None) is None and next(module.buffers(), None) is None
 
 
 def _real_calls():
@@ -249,4 +269,4 @@ def _mutates_input(node: fx.Node, root: nn.Module) -> bool:
     return False
 
 
-__all__ = ["NOT_OBSERVED", "ShapeTracer", "fetch_attribute"]
+__all__ = ["NOT_OBSERVED", "ShapeTracer", "fetch_attribute", "is_stateless"]
