@@ -2,17 +2,22 @@
 and reference.py, the rule in options.py): a kernel at least as accurate as PyTorch's bf16 op
 passes even where that op's own error is large, one that silently computes in lower precision
 (fp8 inputs, bf16 accumulation) fails even where the plain tolerance table would pass it. fp32
-is judged as before."""
+is judged as before. The swap's own check of a kernel follows the same rule."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from cudaforge.harness.compare import check_outputs, reduced_precision_difference
 from cudaforge.harness.evaluate import run_evaluation
 from cudaforge.harness.options import EvalOptions, Tolerances, make_options
 from cudaforge.harness.problem import Problem
+from cudaforge.model.hotspots import find_hotspots
+from cudaforge.model.swap import restore, swap_in
+from cudaforge.model.swap_checks import original_in_fp32
+from cudaforge.model.swap_compare import compare as swap_compare
 
 
 def _matmul_case(k=64, scale=0.05):
@@ -147,3 +152,54 @@ def test_evaluation_judges_bf16_against_the_fp32_reference(candidate, status):
                              fp32_reference=False)  # fmt: skip
     # the plain table passes both: it cannot tell
     assert run_evaluation(Problem.from_source(MATMUL_BF16), candidate, table_only).status == "ok"
+
+
+class Centered(nn.Module):
+    def forward(self, x):
+        return x - x.mean(-1, keepdim=True)
+
+
+class CenteredThenLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.center = Centered()
+        self.fc = nn.Linear(256, 64)
+
+    def forward(self, x):
+        return self.fc(self.center(x))
+
+
+CENTERED_IN_FP32 = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):  # computes in fp32, rounds once (test fixture)
+    def forward(self, x):
+        y = x.float()
+        return (y - y.mean(-1, keepdim=True)).bfloat16()
+"""
+
+
+def test_swap_judges_bf16_against_the_fp32_original():
+    """The swap's own check follows the same rule: a kernel more accurate than eager bf16 (whose
+    rounded mean is off by up to 4 near 1000) is swapped in."""
+    torch.manual_seed(0)
+    model = CenteredThenLinear().bfloat16().eval()
+    x = (1000 + torch.randn(8, 256) * 30).bfloat16()
+    (hotspot,) = find_hotspots(model, (x,), min_share=0.0, targets=["Centered"])
+    site = hotspot.sites[0]
+    with torch.no_grad():
+        expected = site.run_original(site.inputs)
+        expected32 = original_in_fp32(site, site.inputs, expected)
+    assert expected32 is not None and expected32[0].dtype == torch.float32
+    fused = [(expected32[0]).bfloat16()]
+    assert swap_compare(fused, expected)[1]  # the table alone refuses it
+    assert not swap_compare(fused, expected, None, expected32)[1]
+    swap = swap_in(site, CENTERED_IN_FP32, hotspot.problem_source, name="centered")
+    try:
+        assert swap.check.trials == 3
+        with torch.no_grad():
+            torch.testing.assert_close(model.center(x), fused[0], rtol=0, atol=0)
+    finally:
+        restore(model)

@@ -19,9 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import models_hotspots
 
-from cudaforge.harness.evaluate import run_evaluation
-from cudaforge.harness.options import EvalOptions
-from cudaforge.harness.problem import Problem
+import cudaforge
 
 NEEDS = {"gpt2": "transformers", "llama": "transformers", "resnet50": "torchvision",
          "vit_b_16": "torchvision"}  # fmt: skip
@@ -44,12 +42,11 @@ def test_issue_model_hotspots(name):
     assert not [r for r in report["refused"] if "*args" in r["reason"]], report["refused"]
     if name in ("gpt2", "llama"):
         assert any("scaled_dot_product_attention" in h["label"] for h in hotspots)
-    # the largest hot spot's problem through the harness, as its own candidate (bf16: judged
-    # against the fp32 run of the reference)
+    # the largest hot spot's problem through the harness (a worker of the default pool), as its
+    # own candidate: `cudaforge eval PROBLEM PROBLEM`; bf16 is judged against the fp32 reference
     torch.cuda.empty_cache()
     source = hotspots[0]["problem_source"]
     same = source.replace("class Model(", "class ModelNew(")
-    options = EvalOptions(trials=2, timed_runs=5, warmup=2, input_sets=1, traced_runs=0)
-    result = run_evaluation(Problem.from_source(source), same, options)
+    result = cudaforge.evaluate(source, same, trials=2, timed_runs=5, warmup=2, traced_runs=0)
     assert result.status == "ok", result.error
     print(f"{name}: {hotspots[0]['name']} through the harness: ok, {result.tolerances}")

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..harness.compare import tensor_difference
-from ..harness.options import Tolerances, tolerance_of
+from ..harness.compare import reduced_precision_difference, tensor_difference
+from ..harness.options import Tolerances, reduced_precision_bound, tolerance_of
 
 
 def tolerances(dtype: torch.dtype, tolerance: float | None = None) -> tuple[float, float, float]:
@@ -32,9 +32,10 @@ class Difference:
     message: str = ""
 
 
-def compare(actual: Sequence[Tensor], expected: Sequence[Tensor], tolerance=None):
+def compare(actual: Sequence[Tensor], expected: Sequence[Tensor], tolerance=None, expected32=None):
     """(worst Difference, problem or '') of outputs against the expected ones, by the harness's
-    definition of a correct value (cudaforge.harness.compare)."""
+    definition of a correct value (cudaforge.harness.compare): with `expected32`, the original's
+    outputs from an fp32 run, a bf16/fp16 output is judged by the reduced-precision rule."""
     if len(actual) != len(expected):
         return None, f"{len(actual)} outputs, expected {len(expected)}"
     tables = Tolerances.uniform(tolerance)
@@ -47,7 +48,15 @@ def compare(actual: Sequence[Tensor], expected: Sequence[Tensor], tolerance=None
                 f"output {i} is {a.dtype}{list(a.shape)} on {a.device}, expected "
                 f"{e.dtype}{list(e.shape)} on {e.device}"
             )
-        found = tensor_difference(a.detach(), e.detach(), tables)
+        e32 = expected32[i] if expected32 is not None and i < len(expected32) else None
+        if (
+            isinstance(e32, Tensor)
+            and e32.shape == e.shape
+            and reduced_precision_bound(tables, e.dtype) is not None
+        ):
+            found = reduced_precision_difference(a.detach(), e.detach(), e32.detach(), tables)
+        else:
+            found = tensor_difference(a.detach(), e.detach(), tables)
         if found.nonfinite:  # NaN or Inf where the expected value is finite
             found.max_abs_err = found.max_rel_err = found.rel_l2_err = math.inf
         if found.max_abs_err > worst.max_abs_err or worst.index < 0:
