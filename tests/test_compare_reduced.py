@@ -16,8 +16,8 @@ from cudaforge.harness.options import EvalOptions, Tolerances, make_options
 from cudaforge.harness.problem import Problem
 from cudaforge.model.hotspots import find_hotspots
 from cudaforge.model.swap import restore, swap_in
-from cudaforge.model.swap_checks import original_in_fp32
 from cudaforge.model.swap_compare import compare as swap_compare
+from cudaforge.model.swap_compare import original_in_fp32
 
 
 def _matmul_case(k=64, scale=0.05):

@@ -1,7 +1,7 @@
 """Putting verified kernels into a model, and taking them out again.
 
 A swap patches a module's `forward` on the instance (its class, parameters, state_dict keys and
-hooks are untouched): for a "module" or "block" hot spot, the module's own forward; for a
+hooks are untouched): for a "module", "block" or "layer" hot spot, the module's own forward; for a
 "chain", the forward of the module whose code holds the chain, replaced by its traced graph in
 which the chain's nodes became one call. `restore(model)` deletes those instance attributes.
 

@@ -14,7 +14,7 @@ from ..errors import VerificationError
 from ..harness.compare import aliases
 from .candidate import site_device
 from .hotspot_op import bypassed, gradient_leaf
-from .swap_compare import compare, tolerances
+from .swap_compare import compare, original_in_fp32, tolerances
 from .swapped_hotspot import SwapCheck, SwappedHotspot
 from .timing import time_call
 
@@ -74,26 +74,6 @@ def verify(swap: SwappedHotspot, *, trials: int = 3, tolerance: float | None = N
     check.atol, check.rtol, _ = tolerances(dtype, tolerance)
     check.trials = len(sets)
     return check
-
-
-def original_in_fp32(site, inputs, expected) -> list[Tensor] | None:
-    """The original's outputs with its parameters and bf16/fp16 inputs upcast to fp32, when some
-    output is bf16/fp16 (the harness's reduced-precision rule judges against them); else None,
-    also when the original does not run so (a tensor it makes itself stays in its dtype)."""
-    reduced = (torch.bfloat16, torch.float16)
-    if not any(t.dtype in reduced for t in expected):
-        return None
-
-    def up(t):
-        return t.float() if t.dtype in reduced else t
-
-    try:
-        outputs = site.run_original([up(t) for t in inputs], [up(t) for t in site.tensors])
-    except Exception:  # noqa: BLE001 - then the tolerance table alone judges
-        return None
-    if len(outputs) != len(expected) or any(o.shape != e.shape for o, e in zip(outputs, expected)):
-        return None
-    return outputs
 
 
 def check_gradients(swap: SwappedHotspot, *, tolerance: float | None = None) -> SwapCheck:

@@ -1,6 +1,7 @@
 """A swapped kernel's outputs against the original's: the tolerances and the comparison a swap
 uses, thin wrappers over the harness's one definition of a correct value
-(cudaforge.harness.compare, cudaforge.harness.options)."""
+(cudaforge.harness.compare, cudaforge.harness.options), and the original run in fp32 that a
+bf16/fp16 output is judged against."""
 
 from __future__ import annotations
 
@@ -69,4 +70,26 @@ def compare(actual: Sequence[Tensor], expected: Sequence[Tensor], tolerance=None
     return worst, ""
 
 
-__all__ = ["Difference", "compare", "tolerances"]
+def original_in_fp32(site, inputs, expected, tensors=None) -> list[Tensor] | None:
+    """A site's original outputs with its parameters (`tensors`, default the site's) and bf16/fp16
+    inputs upcast to fp32, when some output is bf16/fp16 (the harness's reduced-precision rule
+    judges against them); else None, also when the original does not run so."""
+    reduced = (torch.bfloat16, torch.float16)
+    if not any(t.dtype in reduced for t in expected):
+        return None
+
+    def up(t):
+        return t.float() if t.dtype in reduced else t
+
+    try:
+        outputs = site.run_original(
+            [up(t) for t in inputs], [up(t) for t in (site.tensors if tensors is None else tensors)]
+        )
+    except Exception:  # noqa: BLE001 - then the tolerance table alone judges
+        return None
+    if len(outputs) != len(expected) or any(o.shape != e.shape for o, e in zip(outputs, expected)):
+        return None
+    return outputs
+
+
+__all__ = ["Difference", "compare", "original_in_fp32", "tolerances"]

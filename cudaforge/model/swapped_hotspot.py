@@ -30,7 +30,7 @@ from .codegen import TensorSpec
 from .hotspot_op import bypassed, bypassing, recompute_gradients, register
 from .owner_forward import OwnerForward, forward_code, forward_signature
 from .sites import Site, rebuild_output
-from .swap_compare import compare
+from .swap_compare import compare, original_in_fp32
 from .swap_errors import DriftWarning, FallbackWarning, SwapError
 from .tracing import fetch_attribute as _fetch
 
@@ -337,8 +337,9 @@ class SwappedHotspot:
     def _shadow_check(self, inputs, tensors, outputs) -> bool:
         with torch.no_grad(), bypassed():
             expected = self.site.run_original(inputs, self._original_tensors(tensors))
+            expected32 = original_in_fp32(self.site, inputs, expected, tensors)
         self.stats.shadow_checks += 1
-        _, problem = compare([o.detach() for o in outputs], expected, self.tolerance)
+        _, problem = compare([o.detach() for o in outputs], expected, self.tolerance, expected32)
         if not problem:
             return True
         self.enabled = False
