@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import _thread
 import json
+import os
 import sqlite3
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,6 +205,40 @@ def test_keeps_only_correct_and_faster_kernels(net, pool, tmp_path):
     assert gelu.status == "no_kernel" and gelu.candidates == 2
     assert swaps(result.model) == [] and store.find(gelu.problem_hash) == []
     assert result.speedup is not None and "no faster correct kernel" in result.report()
+
+
+def test_resumes_hot_spots_through_the_file_provider(net, pool, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    model, x = net
+    llm = f"file:{tmp_path / 'llm'}?wait=0"
+    folder = tmp_path / "transcripts"
+
+    def again():
+        return run(model, x, False, pool, llm, targets=["NewGELU"], transcripts=folder)
+
+    first = again()
+    (prompt,) = first.waiting_for  # the Coder's first prompt, and no kernel yet
+    gelu = outcome(first, "NewGELU")
+    assert prompt.endswith("coder-r1-l0.prompt.md") and gelu.waiting_for == [prompt]
+    assert gelu.status == "no_kernel" and "waiting for 1 reply" in gelu.detail
+    assert "waiting for 1 reply file(s)" in first.report()
+    assert Path(gelu.transcript).parent == folder and Path(gelu.transcript).is_file()
+    reply = Path(prompt.replace(".prompt.md", ".reply.md"))
+    reply.write_text(GELU_FUSED)  # FIXTURE reply
+    os.utime(reply, (time.time() - 5, time.time() - 5))  # complete: unchanged for a while
+
+    second = again()
+    gelu = outcome(second, "NewGELU")
+    assert second.waiting_for == [] and gelu.status == "swapped", gelu.detail
+    assert gelu.origin == "agents" and gelu.candidates == 1
+    # a third run replays the recorded reply and evaluation, then evaluates the best again
+    third = again()
+    gelu = outcome(third, "NewGELU")
+    assert gelu.status == "swapped" and gelu.candidates == 1 and third.waiting_for == []
+    with open(gelu.transcript) as transcript:
+        kinds = [json.loads(line)["kind"] for line in transcript]
+    assert kinds.count("start") == 1 and kinds.count("resume") == 2
+    torch.testing.assert_close(third.model(x), model(x), rtol=1e-4, atol=1e-4)
 
 
 def test_inplace_patches_the_model_and_restore_undoes_it(net, pool, tmp_path):

@@ -371,8 +371,12 @@ def cmd_optimize(args) -> int:
         rounds=args.rounds,
         training=args.training,
         profile=not args.no_profile,
+        transcripts=args.transcripts,
+        store=args.store,
     )
     print(result.report())
+    if result.waiting_for:
+        return _unfinished("waiting", result.waiting_for)
     return EXIT_OK
 
 
@@ -505,6 +509,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script", help="a .py file defining get_model() and get_inputs()")
     _add_llm_options(p)
     p.add_argument("--training", action="store_true", help="keep autograd right")
+    p.add_argument(
+        "--transcripts", metavar="DIR",
+        help="one agents transcript per hot spot here; running again with it resumes them",
+    )  # fmt: skip
+    p.add_argument("--store", metavar="DIR", help="the kernel store (default: the cache dir's)")
     _add_profile_option(p)
     p.set_defaults(run=cmd_optimize)
 

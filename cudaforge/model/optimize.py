@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import sys
 import threading
 import time
@@ -181,6 +182,7 @@ class _Run:
         self.found: dict[str, _Found] = {}
         self.outcomes: dict[str, HotspotOutcome] = {}
         self.reuse = True
+        self.transcripts: Path | None = None  # optimize(transcripts=): one file per hot spot
 
     # ------------------------------------------------------------ evaluation in workers
 
@@ -254,7 +256,10 @@ class _Run:
         from ..agents.loop import run_loop
         from ..agents.transcript import default_transcript_path
 
-        transcript = str(default_transcript_path(f"optimize-{hotspot.problem_hash[:10]}"))
+        if self.transcripts is not None:  # one per hot spot, resumed by the next run
+            transcript = str(self.transcripts / f"{_file_name(hotspot.name)}.jsonl")
+        else:
+            transcript = str(default_transcript_path(f"optimize-{hotspot.problem_hash[:10]}"))
         outcome.transcript = transcript
         counter = {"n": 0}
 
@@ -292,6 +297,28 @@ class _Run:
             outcome.llm_calls = total.calls
         if loop.stop_reason.startswith("llm_error"):
             outcome.detail = loop.stop_reason
+        if loop.stop_reason == "waiting":
+            outcome.waiting_for = list(loop.waiting_for)
+            outcome.detail = f"waiting for {len(loop.waiting_for)} reply file(s)"
+        self.recorded_best(hotspot, loop, counter, transcript)
+
+    def recorded_best(self, hotspot: Hotspot, loop, counter, transcript: str) -> None:
+        """A resumed loop's best kernel whose evaluation was recorded by an earlier run is
+        evaluated again here before it counts (it passed on another machine, or another day)."""
+        best = loop.best
+        if best is None or not self.faster(best.result) or self.stop.is_set():
+            return
+        with self.lock:
+            found = self.found.get(hotspot.name)
+        if found is not None and found.source == best.source:
+            return  # evaluated in this run
+        result = self.evaluate(hotspot.problem_source, best.source)
+        counter["n"] += 1
+        self.outcomes[hotspot.name].candidates = counter["n"]
+        again = f"{result.speedup:.2f}x" if result.ok and result.speedup else result.status
+        self.progress.say(f"{hotspot.name}: recorded best (round {best.round}) again: {again}")
+        if self.faster(result):
+            self.note(hotspot, best.source, result, "agents", transcript)
 
     def forge(self, hotspot: Hotspot, agent_options: dict | None) -> None:
         outcome = self.outcomes[hotspot.name]
@@ -513,6 +540,10 @@ def _device_text(device: torch.device) -> str:
     return str(device)
 
 
+def _file_name(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", name).strip("._") or "hotspot"
+
+
 def _store(store) -> KernelStore | None:
     if store is False:
         return None
@@ -551,6 +582,7 @@ def optimize(
     eval_options: dict | None = None,
     cluster: str | None = None,
     profile: bool = True,
+    transcripts: str | Path | None = None,
 ) -> OptimizeResult:
     """Make `model` faster on inputs like `example_inputs` with verified kernels for its hot spots.
 
@@ -571,7 +603,13 @@ def optimize(
     checks (default per dtype). candidates: parallel lanes per agents loop. eval_options: more
     options for cudaforge.harness.evaluate (trials, timed_runs, ...). profile: on a GPU, profile
     every correct candidate so that the Judge reads its hardware metrics (False: timing only;
-    eval_options' "profile" wins). cluster: "ray" evaluates
+    eval_options' "profile" wins). transcripts: a folder for the agents' transcripts, one
+    `<hot spot>.jsonl` each (default: a new file per run in the cache dir); a run given a folder
+    of an earlier run of the same model resumes each hot spot's loop where it stopped, recorded
+    replies and evaluations replayed, and evaluates the best recorded kernel again before it
+    counts. With `file:DIR?wait=0` a hot spot whose reply is not written yet stops with its
+    prompt files in `.waiting_for` (result.waiting_for lists all); run again once they are
+    answered. cluster: "ray" evaluates
     on a Ray cluster when no pool is given (a cudaforge.RayPool on the cluster RAY_ADDRESS names,
     or a local instance; closed at the end).
 
@@ -606,6 +644,9 @@ def optimize(
     if dollars is not None:
         agent_options["dollars"] = dollars  # split over the hot spots once they are known
     run.reuse = reuse
+    if transcripts is not None:
+        run.transcripts = Path(transcripts)
+        run.transcripts.mkdir(parents=True, exist_ok=True)
     if cluster is None or pool is not None:
         return run.run(agent_options)
     from ..harness.ray_pool import RayPool

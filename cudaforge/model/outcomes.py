@@ -47,6 +47,7 @@ class HotspotOutcome:
     kernel_source: str = ""
     problem_source: str = ""
     last_result: str = ""  # the last candidate's evaluation, in one line
+    waiting_for: list[str] = field(default_factory=list)  # file: prompts without a reply yet
 
     @property
     def speedup(self) -> float | None:
@@ -96,11 +97,18 @@ class OptimizeResult:
     def cost_usd(self) -> float:
         return sum(h.cost_usd for h in self.hotspots)
 
+    @property
+    def waiting_for(self) -> list[str]:
+        """The `file:` provider's prompt files still without a reply (`wait=0`): run again with
+        the same `transcripts=` folder once they are answered."""
+        return [path for h in self.hotspots for path in h.waiting_for]
+
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k not in ("model", "hotspots")}
         data["hotspots"] = [h.to_dict() for h in self.hotspots]
         data["speedup"] = self.speedup
         data["cost_usd"] = self.cost_usd
+        data["waiting_for"] = self.waiting_for
         return data
 
     def report(self) -> str:

@@ -89,6 +89,11 @@ def optimize_text(result) -> str:
         f"calls; {result.seconds:.1f} s"
         + (f"; kernels stored in {result.store}" if result.store else "")
     )
+    if result.waiting_for:
+        lines.append(
+            f"waiting for {len(result.waiting_for)} reply file(s) (file: provider, wait=0); "
+            "run again with the same transcripts= folder once they are written"
+        )
     if result.skipped:
         lines.append(f"not candidates ({len(result.skipped)}): " + "; ".join(result.skipped[:5]))
     if result.profile:
