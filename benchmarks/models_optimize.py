@@ -1,0 +1,254 @@
+"""`cudaforge.optimize` on real architectures with kernels from an LLM, measured end to end.
+
+Per model (GPT-2 and ResNet-50 by default, built as benchmarks/models_hotspots.py builds them:
+bf16, random weights): optimize() with the given LLM for --rounds rounds per hot spot, one
+transcript per hot spot under OUT/<model>/transcripts (a later run resumes them) and the kernels
+in OUT/store.sqlite3. With `file:DIR?wait=0` a run stops where a reply is not written yet: it
+prints the prompt files and exits 4; run it again once they are answered.
+
+Once no reply is pending, per model, side by side in one process (medians of interleaved runs,
+CUDA events):
+- inference: eager, the optimized model, torch.compile(model), torch.compile(optimized);
+- GPT-2 also a training step (forward, backward, AdamW step; dropout off so the two agree): the
+  model with the stored kernels applied by cudaforge.load(training=True) against eager, and the
+  gradients of one step compared;
+- store and reuse: cudaforge.load() of a fresh copy, in seconds, with no LLM.
+
+    python benchmarks/models_optimize.py gpt2 resnet50 --rounds 3 \\
+        --llm "file:benchmarks/runs/models/llm?wait=0" --out benchmarks/runs/models     # GPU
+    python benchmarks/models_optimize.py --render --rounds 3 \\
+        --llm "file:benchmarks/runs/models/llm?wait=0" --out benchmarks/runs/models     # CPU
+
+--render (no GPU needed): resumes every recorded hot-spot transcript just far enough to write
+the prompts its new replies lead to (a Judge's reply leads to the Coder's next prompt); the
+candidates they bring are evaluated by the next GPU run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from models_hotspots import build
+
+import cudaforge
+
+MODELS = ("gpt2", "resnet50", "llama", "vit_b_16")
+EXIT_WAITING = 4
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_side_by_side(fns: dict, reps: int = 30, warmup: int = 3) -> dict:
+    """Median ms of each callable, their runs interleaved (a, b, c, a, b, c, ...), CUDA events."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    _sync()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            if torch.cuda.is_available():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True
+                )
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                samples[name].append(start.elapsed_time(end))
+            else:
+                began = time.perf_counter()
+                fn()
+                samples[name].append((time.perf_counter() - began) * 1e3)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _logits(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
+def forward_of(model, inputs):
+    def call():
+        with torch.no_grad():
+            return model(*inputs)
+
+    return call
+
+
+def training_model(name: str, device, small: bool):
+    """The model for the training step: dropout off (so that two models' steps can be compared)."""
+    model, inputs = build(name, device, small=small)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model.train(), inputs
+
+
+def train_step(model, inputs, optimizer):
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = _logits(model(*inputs)).float().square().mean()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def gradient_error(model_a, model_b, inputs) -> tuple[float, float]:
+    """(max relative error of any parameter's gradient, of the loss) after one backward each."""
+    losses = []
+    for model in (model_a, model_b):
+        model.zero_grad(set_to_none=True)
+        loss = _logits(model(*inputs)).float().square().mean()
+        loss.backward()
+        losses.append(loss.item())
+    worst = 0.0
+    for (name, p), q in zip(model_a.named_parameters(), model_b.parameters()):
+        if p.grad is None or q.grad is None:
+            continue
+        scale = p.grad.float().abs().max().item() or 1.0
+        worst = max(worst, (p.grad.float() - q.grad.float()).abs().max().item() / scale)
+    return worst, abs(losses[0] - losses[1]) / (abs(losses[0]) or 1.0)
+
+
+def run_model(name: str, args) -> dict:
+    out = Path(args.out) / name
+    store = Path(args.out) / "store.sqlite3"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, inputs = build(name, device, small=args.small)
+    began = time.perf_counter()
+    result = cudaforge.optimize(
+        model, inputs, llm=args.llm, rounds=args.rounds, transcripts=out / "transcripts",
+        store=store, reuse=False, max_hotspots=args.max_hotspots, min_share=args.min_share,
+    )  # fmt: skip
+    report = {"model": name, "optimize_s": time.perf_counter() - began, **result.to_dict()}
+    print(result.report(), flush=True)
+    if result.waiting_for or not args.measure:
+        return report
+    optimized = result.model
+    fns = {"eager": forward_of(model, inputs), "cudaforge": forward_of(optimized, inputs)}
+    ms = time_side_by_side(fns, reps=args.reps)
+    compiled = {}
+    if device == "cuda" and not args.no_compile:
+        began = time.perf_counter()
+        compiled["compile"] = forward_of(torch.compile(model), inputs)
+        compiled["compile(cudaforge)"] = forward_of(torch.compile(optimized), inputs)
+        for fn in compiled.values():
+            fn()
+        report["compile_s"] = time.perf_counter() - began
+        ms = time_side_by_side({**fns, **compiled}, reps=args.reps)
+    report["end_to_end_ms"] = ms
+    print(f"== {name} inference, ms per forward (medians, interleaved): {ms}", flush=True)
+    fresh, _ = build(name, device, small=args.small)
+    began = time.perf_counter()
+    loaded = cudaforge.load(fresh, inputs, store=store, max_hotspots=args.max_hotspots,
+                            min_share=args.min_share)  # fmt: skip
+    report["load_s"] = time.perf_counter() - began
+    report["load_swapped"] = [h.name for h in loaded.swapped]
+    print(f"== {name} load: {report['load_s']:.1f} s, swapped {report['load_swapped']}")
+    del fresh, loaded, compiled
+    if name in ("gpt2", "llama") and not args.no_training:
+        report["training"] = measure_training(name, device, store, args)
+    return report
+
+
+def measure_training(name: str, device, store, args) -> dict:
+    eager, inputs = training_model(name, device, args.small)
+    mine = copy.deepcopy(eager)
+    loaded = cudaforge.load(mine, inputs, store=store, training=True, inplace=True,
+                            max_hotspots=args.max_hotspots, min_share=args.min_share)  # fmt: skip
+    grad_err, loss_err = gradient_error(eager, mine, inputs)
+    steps = {
+        "eager": train_step(eager, inputs, torch.optim.AdamW(eager.parameters(), lr=1e-5)),
+        "cudaforge": train_step(mine, inputs, torch.optim.AdamW(mine.parameters(), lr=1e-5)),
+    }
+    ms = time_side_by_side(steps, reps=max(5, args.reps // 3))
+    report = {
+        "swapped": [h.name for h in loaded.swapped],
+        "step_ms": ms,
+        "speedup": ms["eager"] / ms["cudaforge"],
+        "max_rel_grad_err": grad_err,
+        "rel_loss_err": loss_err,
+    }
+    print(f"== {name} training step: {report}", flush=True)
+    return report
+
+
+def render(args) -> int:
+    """Resume every hot-spot transcript on this machine until its next prompts are written."""
+    from cudaforge.agents.loop import run_loop
+    from cudaforge.agents.resume import RecordedRun
+
+    def no_evaluation(problem_source, candidate_source):
+        raise RuntimeError("--render evaluates nothing; run without it on a GPU")
+
+    waiting = []
+    for path in sorted(Path(args.out).glob("*/transcripts/*.jsonl")):
+        recorded = RecordedRun.read(path)
+        if recorded is None:
+            continue
+        loop = run_loop(
+            recorded.start["problem_source"], no_evaluation, coder=args.llm, rounds=args.rounds,
+            transcript=path, name=recorded.start["problem"],
+        )  # fmt: skip
+        print(f"{path.parent.parent.name}/{path.stem}: {loop.stop_reason}", flush=True)
+        waiting += loop.waiting_for
+    for prompt in waiting:
+        print(f"  waiting: {prompt}")
+    return EXIT_WAITING if waiting else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help=f"of {', '.join(MODELS)}; default: gpt2 resnet50")
+    parser.add_argument("--llm", required=True, help="e.g. file:benchmarks/runs/models/llm?wait=0")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", required=True, help="transcripts, store and results go here")
+    parser.add_argument("--max-hotspots", type=int, default=6)
+    parser.add_argument("--min-share", type=float, default=0.02)
+    parser.add_argument("--measure", action="store_true",
+                        help="time end to end once no reply is pending")  # fmt: skip
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--no-training", action="store_true")
+    parser.add_argument("--render", action="store_true", help="write the next prompts (CPU)")
+    parser.add_argument("--small", action="store_true", help="tiny configurations (CPU smoke)")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        parser.error(f"no model {', '.join(unknown)}; models: {', '.join(MODELS)}")
+    if args.render:
+        return render(args)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    reports, waiting = [], 0
+    for name in args.models or ("gpt2", "resnet50"):
+        report = run_model(name, args)
+        waiting += len(report.get("waiting_for", []))
+        reports.append(report)
+        (Path(args.out) / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
+    if waiting:
+        print(f"waiting for {waiting} repl(ies): answer them, then run again", flush=True)
+        return EXIT_WAITING
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
