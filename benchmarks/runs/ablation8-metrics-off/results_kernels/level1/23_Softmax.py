@@ -63,13 +63,23 @@ namespace cg = cooperative_groups;
 """ + _COMMON_SRC + r"""
 #define CLUSTER 8
 
+// Read-only 16-byte load that demotes the L2 line to evict_first once consumed,
+// so only rows not yet read (prefetched with evict_last) keep high L2 priority.
+__device__ __forceinline__ float4 ld_ef(const float4* p, unsigned long long pol) {
+    float4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.f32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p), "l"(pol));
+    return v;
+}
+
 // grid = (CLUSTER, gy); the 8 CTAs of a cluster share one row (blockIdx.y), each one
 // holding a chunk of chunk4 float4s in shared memory. Each cluster loops over rows
 // row = blockIdx.y, blockIdx.y + gy, ...
 // Pass 2 (normalize + store) of row r is fused with pass 1 (load + online max/sum)
 // of row r + gy, reusing the same smem slots in place, so loads and stores are in
 // flight together and there is one reduction bubble per row. The chunk of row r + 2*gy
-// is prefetched into L2 during the reduction bubble.
+// is prefetched into L2 during the reduction bubble (evict_last); every actual read
+// of x uses an evict_first policy so consumed lines leave L2 first.
 // prm = {rows, dim4, chunk4}
 template <int BS>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(BS, 1)
@@ -79,6 +89,9 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
     __shared__ float red_m[32], red_s[32];
     __shared__ float part_m[2], part_s[2];
     __shared__ float fin[2];
+
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
 
     cg::cluster_group cluster = cg::this_cluster();
     const int rows   = prm[0];
@@ -105,10 +118,10 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
         const float4* xr = x4 + (size_t)row * (size_t)dim4 + (size_t)start;
         int i = tid;
         for (; i + 3 * BS < n; i += 4 * BS) {
-            float4 v0 = xr[i];
-            float4 v1 = xr[i + BS];
-            float4 v2 = xr[i + 2 * BS];
-            float4 v3 = xr[i + 3 * BS];
+            float4 v0 = ld_ef(xr + i, pol);
+            float4 v1 = ld_ef(xr + i + BS, pol);
+            float4 v2 = ld_ef(xr + i + 2 * BS, pol);
+            float4 v3 = ld_ef(xr + i + 3 * BS, pol);
             sbuf[i] = v0;
             sbuf[i + BS] = v1;
             sbuf[i + 2 * BS] = v2;
@@ -119,7 +132,7 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
             update4(m, s, v3);
         }
         for (; i < n; i += BS) {
-            float4 v = xr[i];
+            float4 v = ld_ef(xr + i, pol);
             sbuf[i] = v;
             update4(m, s, v);
         }
@@ -171,11 +184,11 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
             const float4* xn = x4 + (size_t)nrow * (size_t)dim4 + (size_t)start;
             int i = tid;
             for (; i + 3 * BS < n; i += 4 * BS) {
-                // 1) issue the loads of the next row first
-                const float4 a0 = xn[i];
-                const float4 a1 = xn[i + BS];
-                const float4 a2 = xn[i + 2 * BS];
-                const float4 a3 = xn[i + 3 * BS];
+                // 1) issue the loads of the next row first (evict_first once consumed)
+                const float4 a0 = ld_ef(xn + i, pol);
+                const float4 a1 = ld_ef(xn + i + BS, pol);
+                const float4 a2 = ld_ef(xn + i + 2 * BS, pol);
+                const float4 a3 = ld_ef(xn + i + 3 * BS, pol);
                 // 2) normalize the current row from smem and stream it out
                 const float4 o0 = sbuf[i];
                 const float4 o1 = sbuf[i + BS];
@@ -196,7 +209,7 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y, const int* _
                 update4(m2, s2, a3);
             }
             for (; i < n; i += BS) {
-                const float4 a = xn[i];
+                const float4 a = ld_ef(xn + i, pol);
                 const float4 o = sbuf[i];
                 __stcs(yr + i, norm4(o, M, inv));
                 sbuf[i] = a;
@@ -256,7 +269,7 @@ def _get_kernels():
     global _KERNELS
     if _KERNELS is None:
         name = "softmax_cluster<%d>" % _BS
-        cmod = cudaforge.compile(_CLUSTER_SRC, name="softmax_cluster_fused.cu",
+        cmod = cudaforge.compile(_CLUSTER_SRC, name="softmax_cluster_fused_ef.cu",
                                  name_expressions=[name])
         gmod = cudaforge.compile(_GENERIC_SRC, name="softmax_generic.cu")
         _KERNELS = (cmod.kernel(name), gmod.softmax_rows_generic)

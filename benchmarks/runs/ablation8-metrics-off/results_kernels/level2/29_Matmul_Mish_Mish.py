@@ -76,9 +76,10 @@ __device__ __forceinline__ void store2(float* __restrict__ Y, int M, int N, int 
 // Shared tiles are [row][32 floats], 16B chunk c of row r stored at chunk c ^ ((r & 1) << 2).
 // Within each 16-wide k slice, thread t feeds physical k = 4t,4t+1 to the first mma and
 // 4t+2,4t+3 to the second (same permutation for A and B, so the dot product is unchanged).
-// Precision: 3xTF32 (small*big + big*small + big*big) into a per-BK-tile partial accumulator,
-// which is then added to the main accumulator with round-to-nearest fp32 adds.
-extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+// Precision: 3xTF32 (small*big + big*small + big*big) accumulated directly into the fp32
+// MMA accumulators (as CUTLASS's 3xTF32 GEMMs do).
+// Two blocks per SM (2 x 98,304 B smem, <= 128 registers per thread).
+extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
 linear_mish2_tf32(const float* __restrict__ X, const float* __restrict__ W,
                   const float* __restrict__ bias, float* __restrict__ Y,
                   int M, int N, int K)
@@ -151,14 +152,6 @@ linear_mish2_tf32(const float* __restrict__ X, const float* __restrict__ W,
         const float* as = As + st * BM * BK;
         const float* bs = Bs + st * BN * BK;
 
-        float part[4][4][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) part[i][j][q] = 0.f;
-
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
             const int pc = kk ? pc1 : pc0;
@@ -187,7 +180,7 @@ linear_mish2_tf32(const float* __restrict__ X, const float* __restrict__ W,
                 split_tf32(hi.w, ab[7], asm_[7]);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    float* c = part[i][j];
+                    float* c = acc[i][j];
                     // correction terms first, big*big last
                     mma_tf32(c, asm_[0], asm_[1], asm_[2], asm_[3], bb[j][0], bb[j][1]);
                     mma_tf32(c, ab[0], ab[1], ab[2], ab[3], bsm[j][0], bsm[j][1]);
@@ -198,14 +191,6 @@ linear_mish2_tf32(const float* __restrict__ X, const float* __restrict__ W,
                 }
             }
         }
-
-        // fold the tile's partial sums into the main accumulator (round-to-nearest fp32 adds)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[i][j][q] += part[i][j][q];
     }
     cp_async_wait<0>();
 

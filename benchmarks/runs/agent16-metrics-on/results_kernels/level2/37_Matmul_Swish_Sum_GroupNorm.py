@@ -5,23 +5,29 @@ import cudaforge
 
 _BM = 128
 _BN = 128
-_BK = 32
-_STAGES = 2
-_THREADS = 256
-_LDS = _BK + 8
-_SMEM = max(_STAGES * (2 * _BM + 2 * _BN) * _LDS * 2, _BM * (_BN + 1) * 4)   # 81,920 B -> 2 CTAs per SM
+_BK = 64                      # one 128-byte row of fp16 per tile row (128B swizzle atom width)
+_STAGES = 3
+_THREADS = 256                # 2 warpgroups
+_TILE_BYTES = 128 * _BK * 2   # 16 KB: one 128-row x 64-col fp16 operand tile
+_STAGE_BYTES = 4 * _TILE_BYTES   # Ah, Al, Bh, Bl -> 64 KB
+# 3 stages (192 KB) + 1 KB slack so the base can be rounded up to a 1024-byte boundary.
+_SMEM = max(_STAGES * _STAGE_BYTES, _BM * (_BN + 1) * 4) + 1024   # 197,632 B -> 1 CTA per SM
 
-_SRC = r"""
+# wgmma m64n128k16 has 64 fp32 accumulator operands per thread; build the operand lists here.
+_WG_REGS = ", ".join("%" + str(i) for i in range(64))
+_WG_CONS = ", ".join('"+f"(d[' + str(i) + '])' for i in range(64))
+
+_SRC_TEMPLATE = r"""
 #include <cuda_fp16.h>
 
 #define BM 128
 #define BN 128
-#define BK 32
-#define STAGES 2
-#define LDS (BK + 8)
+#define BK 64
+#define STAGES 3
 #define TS (BN + 1)
 #define NTHREADS 256
-#define STAGE_STRIDE ((2 * BM + 2 * BN) * LDS)
+#define TILE_BYTES (128 * BK * 2)
+#define STAGE_BYTES (4 * TILE_BYTES)
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned r;
@@ -29,8 +35,8 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return r;
 }
 
-__device__ __forceinline__ void cp_async16(void* s, const void* g) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_u32(s)), "l"(g) : "memory");
+__device__ __forceinline__ void cp_async16(unsigned s, const void* g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(g) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -42,18 +48,53 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+// make generic-proxy (cp.async) writes to shared memory visible to the async proxy (wgmma)
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4],
-                                         unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+
+// keep the compiler from moving accumulator accesses across the async wgmma window
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+    #pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+
+// shared-memory matrix descriptor: K-major, 128-byte swizzle, SBO = 1024 B (8 rows x 128 B)
+__device__ __forceinline__ unsigned long long make_desc(unsigned addr) {
+    unsigned long long d = 0ull;
+    d |= (unsigned long long)((addr & 0x3FFFFu) >> 4);          // start address
+    d |= (unsigned long long)1 << 16;                           // LBO (unused with swizzle)
+    d |= (unsigned long long)(1024 >> 4) << 32;                 // SBO
+    d |= (unsigned long long)1 << 62;                           // layout: 128B swizzle
+    return d;
+}
+
+// D[64x128] (fp32) += A[64x16] (fp16, smem desc) * B[128x16]^T (fp16, smem desc), both K-major
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long long da,
+                                                 unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{__WG_REGS__}, %64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : __WG_CONS__
+        : "l"(da), "l"(db), "r"(scale_d)
+        : "memory");
 }
 
 __device__ __forceinline__ void st_cs(float* p, float v) {
@@ -116,27 +157,25 @@ extern "C" __global__ void convert_split_f16(const float* __restrict__ src,
     }
 }
 
-__device__ __forceinline__ void load_stage(__half* sm, int stage,
+// One stage: Ah, Al (128 rows of x), Bh, Bl (128 rows of W), each 128 rows x 64 fp16 (128 B).
+// 128-byte swizzle: 16-byte chunk c of row r lands at r*128 + ((c ^ (r & 7)) << 4).
+__device__ __forceinline__ void load_stage(unsigned st,
                                            const __half* __restrict__ gAh,
                                            const __half* __restrict__ gAl,
                                            const __half* __restrict__ gBh,
                                            const __half* __restrict__ gBl,
                                            int Kp, int kofs, int tid) {
-    __half* sAh = sm + stage * STAGE_STRIDE;
-    __half* sAl = sAh + BM * LDS;
-    __half* sBh = sAl + BM * LDS;
-    __half* sBl = sBh + BN * LDS;
     #pragma unroll
-    for (int i = 0; i < (BM * BK / 8) / NTHREADS; ++i) {
+    for (int i = 0; i < (128 * 8) / NTHREADS; ++i) {
         const int c = tid + i * NTHREADS;
-        const int row = c >> 2;            // BK / 8 = 4 chunks of 16 B per row
-        const int ch = (c & 3) << 3;
-        const long long go = (long long)row * Kp + kofs + ch;
-        const int so = row * LDS + ch;
-        cp_async16(sAh + so, gAh + go);
-        cp_async16(sAl + so, gAl + go);
-        cp_async16(sBh + so, gBh + go);
-        cp_async16(sBl + so, gBl + go);
+        const int row = c >> 3;            // 8 chunks of 16 B per 64-wide fp16 row
+        const int ch = c & 7;
+        const long long go = (long long)row * Kp + kofs + (ch << 3);
+        const unsigned so = (unsigned)(row * 128 + ((ch ^ (row & 7)) << 4));
+        cp_async16(st + so, gAh + go);
+        cp_async16(st + TILE_BYTES + so, gAl + go);
+        cp_async16(st + 2 * TILE_BYTES + so, gBh + go);
+        cp_async16(st + 3 * TILE_BYTES + so, gBl + go);
     }
 }
 
@@ -150,13 +189,15 @@ __device__ __forceinline__ void gemm_body(
     float* __restrict__ out, int M, int N, int Kp, int cpg, float eps, int tiles_n)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    __half* sm = reinterpret_cast<__half*>(smem_raw);
+    const unsigned raw_u32 = smem_u32(smem_raw);
+    const unsigned base_u32 = (raw_u32 + 1023u) & ~1023u;       // 1024-aligned for 128B swizzle
+    unsigned char* smem = smem_raw + (base_u32 - raw_u32);
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
-    const int warp_m = warp >> 2;   // 2 warps along M, 64 rows each
-    const int warp_n = warp & 3;    // 4 warps along N, 32 cols each
+    const int wg = tid >> 7;        // warpgroup: rows wg*64 .. wg*64+63 of the tile
+    const int wq = warp & 3;        // warp inside the warpgroup
     const int tm = blockIdx.x / tiles_n;
     const int tn = blockIdx.x - tm * tiles_n;
     const int m0 = tm * BM;
@@ -168,84 +209,57 @@ __device__ __forceinline__ void gemm_body(
     const __half* gBl = Bl + (long long)n0 * Kp;
     const int KT = Kp / BK;
 
-    float acc[4][4][4];
+    float acc[64];
     #pragma unroll
-    for (int i = 0; i < 4; ++i)
-        #pragma unroll
-        for (int j = 0; j < 4; ++j)
-            #pragma unroll
-            for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.f;
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
 
     #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) load_stage(sm, s, gAh, gAl, gBh, gBl, Kp, s * BK, tid);
+        if (s < KT) load_stage(base_u32 + s * STAGE_BYTES, gAh, gAl, gBh, gBl, Kp, s * BK, tid);
         cp_async_commit();
     }
 
     for (int kt = 0; kt < KT; ++kt) {
         cp_async_wait<STAGES - 2>();
+        fence_proxy_async();
         __syncthreads();
         {
+            // slot (kt+2)%3 held tile kt-1, whose wgmmas both warpgroups completed before the barrier
             const int nk = kt + STAGES - 1;
-            if (nk < KT) load_stage(sm, nk % STAGES, gAh, gAl, gBh, gBl, Kp, nk * BK, tid);
+            if (nk < KT)
+                load_stage(base_u32 + (nk % STAGES) * STAGE_BYTES, gAh, gAl, gBh, gBl, Kp, nk * BK, tid);
             cp_async_commit();
         }
-        const __half* sAh = sm + (kt % STAGES) * STAGE_STRIDE;
-        const __half* sAl = sAh + BM * LDS;
-        const __half* sBh = sAl + BM * LDS;
-        const __half* sBl = sBh + BN * LDS;
+        const unsigned st = base_u32 + (kt % STAGES) * STAGE_BYTES;
+        const unsigned long long dAh = make_desc(st + wg * 64 * 128);
+        const unsigned long long dAl = make_desc(st + TILE_BYTES + wg * 64 * 128);
+        const unsigned long long dBh = make_desc(st + 2 * TILE_BYTES);
+        const unsigned long long dBl = make_desc(st + 3 * TILE_BYTES);
+
+        fence_acc(acc);
+        wgmma_fence();
         #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            unsigned bh[4][2];
-            unsigned bl[4][2];
-            #pragma unroll
-            for (int np = 0; np < 2; ++np) {
-                const int nrow = warp_n * 32 + np * 16 + ((lane >> 4) << 3) + (lane & 7);
-                const int col = kk + (((lane >> 3) & 1) << 3);
-                unsigned r[4];
-                ldmatrix_x4(r, sBh + nrow * LDS + col);
-                bh[2 * np][0] = r[0];
-                bh[2 * np][1] = r[1];
-                bh[2 * np + 1][0] = r[2];
-                bh[2 * np + 1][1] = r[3];
-                ldmatrix_x4(r, sBl + nrow * LDS + col);
-                bl[2 * np][0] = r[0];
-                bl[2 * np][1] = r[1];
-                bl[2 * np + 1][0] = r[2];
-                bl[2 * np + 1][1] = r[3];
-            }
-            #pragma unroll
-            for (int mt = 0; mt < 4; ++mt) {
-                const int row = warp_m * 64 + mt * 16 + (lane & 15);
-                const int col = kk + ((lane >> 4) << 3);
-                unsigned ah[4], al[4];
-                ldmatrix_x4(ah, sAh + row * LDS + col);
-                ldmatrix_x4(al, sAl + row * LDS + col);
-                // Same per-accumulator order as before (al*bh, ah*bl, ah*bh), but the
-                // correction term is the outer loop: 3 independent MMAs separate every
-                // pair of MMAs that update the same accumulator.
-                #pragma unroll
-                for (int nt = 0; nt < 4; ++nt)
-                    mma16816(acc[mt][nt], al, bh[nt][0], bh[nt][1]);
-                #pragma unroll
-                for (int nt = 0; nt < 4; ++nt)
-                    mma16816(acc[mt][nt], ah, bl[nt][0], bl[nt][1]);
-                #pragma unroll
-                for (int nt = 0; nt < 4; ++nt)
-                    mma16816(acc[mt][nt], ah, bh[nt][0], bh[nt][1]);
-            }
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            const unsigned long long o = (unsigned long long)(2 * kk);   // 32 bytes >> 4
+            // same term order as before: correction terms first, then hi*hi
+            wgmma_m64n128k16(acc, dAl + o, dBh + o, 1);
+            wgmma_m64n128k16(acc, dAh + o, dBl + o, 1);
+            wgmma_m64n128k16(acc, dAh + o, dBh + o, 1);
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc(acc);
     }
     cp_async_wait<0>();
     __syncthreads();
 
     // ---- epilogue: bias + swish + bias into a shared fp32 tile ----
-    float* tile = reinterpret_cast<float*>(smem_raw);
-    const int gid = lane >> 2;
-    const int tig = lane & 3;
+    float* tile = reinterpret_cast<float*>(smem);
+    const int rbase = wg * 64 + wq * 16 + (lane >> 2);
+    const int cq = (lane & 3) * 2;
     #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-        const int c = warp_n * 32 + nt * 8 + tig * 2;
+    for (int n8 = 0; n8 < BN / 8; ++n8) {
+        const int c = n8 * 8 + cq;
         float b1v[2], b2v[2];
         #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -254,17 +268,12 @@ __device__ __forceinline__ void gemm_body(
             b2v[j] = (gc < N) ? __ldg(bias2 + gc) : 0.f;
         }
         #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-            const int r = warp_m * 64 + mt * 16 + gid;
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    float v = acc[mt][nt][h * 2 + j] + b1v[j];
-                    v = v / (1.0f + __expf(-v));      // v * sigmoid(v)
-                    tile[(r + h * 8) * TS + c + j] = v + b2v[j];
-                }
-            }
+        for (int j = 0; j < 4; ++j) {
+            const int r = rbase + 8 * (j >> 1);
+            const int cc = c + (j & 1);
+            float v = acc[n8 * 4 + j] + b1v[j & 1];
+            v = v / (1.0f + __expf(-v));      // v * sigmoid(v)
+            tile[r * TS + cc] = v + b2v[j & 1];
         }
     }
     __syncthreads();
@@ -305,7 +314,7 @@ __device__ __forceinline__ void gemm_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 2)
+extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_fused(const __half* __restrict__ Ah, const __half* __restrict__ Al,
            const __half* __restrict__ Bh, const __half* __restrict__ Bl,
            const float* __restrict__ bias1, const float* __restrict__ bias2,
@@ -315,7 +324,7 @@ gemm_fused(const __half* __restrict__ Ah, const __half* __restrict__ Al,
     gemm_body<true>(Ah, Al, Bh, Bl, bias1, bias2, gamma, beta, out, M, N, Kp, cpg, eps, tiles_n);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 2)
+extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_plain(const __half* __restrict__ Ah, const __half* __restrict__ Al,
            const __half* __restrict__ Bh, const __half* __restrict__ Bl,
            const float* __restrict__ bias1, const float* __restrict__ bias2,
@@ -358,6 +367,8 @@ extern "C" __global__ void groupnorm_rows(float* __restrict__ y, const float* __
 }
 """
 
+_SRC = _SRC_TEMPLATE.replace("__WG_REGS__", _WG_REGS).replace("__WG_CONS__", _WG_CONS)
+
 _mod = None
 
 
@@ -374,8 +385,8 @@ def _ceil_to(a, b):
 
 class ModelNew(nn.Module):
     """
-    Linear -> Swish -> + bias -> GroupNorm, with a fused 3xFP16 (hi/lo split) tensor-core GEMM
-    and epilogue, accurate to fp32 level.
+    Linear -> Swish -> + bias -> GroupNorm, with a fused 3xFP16 (hi/lo split) Hopper wgmma
+    GEMM and epilogue, accurate to fp32 level.
     """
 
     def __init__(self, in_features, out_features, num_groups, bias_shape):

@@ -2,15 +2,17 @@ import torch
 import torch.nn as nn
 import cudaforge
 
-_SRC = r'''
+_SRC_T = r'''
 #define BM 128
 #define BN 128
-#define BK 32
-#define STAGES 3
-#define NTHREADS 256
-#define LDS 36                        // smem row stride (floats) of [row][k] tiles
-#define TILE_FLOATS (128 * LDS)
-#define STAGE_FLOATS (2 * TILE_FLOATS)
+#define BK 32                          // 32 fp32 = 128 B per tile row = one 128B swizzle row
+#define NSTAGE 4
+#define NTHREADS 256                   // 2 warpgroups
+#define TILE_BYTES 16384               // 128 rows x 128 B
+#define STAGE_BYTES 32768              // A tile + W tile
+#define LO_OFF (NSTAGE * STAGE_BYTES)  // 2 lo buffers follow the 4 raw stages
+
+typedef unsigned long long u64;
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned r;
@@ -30,35 +32,66 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
-// 3xTF32 split in 2 instructions: x == hi + lo exactly.
-// hi: x truncated to TF32 (low 13 mantissa bits cleared) -> an exact TF32 value.
-// lo: exact fp32 residual x - hi (|lo| < 2^-10 |x|), passed raw: the tensor core only
-//     reads the top 19 bits of a .tf32 operand, so no mask is needed.
-__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-    hi = __float_as_uint(x) & 0xffffe000u;
-    lo = __float_as_uint(x - __uint_as_float(hi));
+
+// ---------------------------------------------------------------- wgmma helpers
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+    #pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+// K-major operand, 128-byte swizzle, 8-row atoms of 1024 B (SBO = 1024 B), LBO unused.
+__device__ __forceinline__ u64 make_desc(unsigned addr) {
+    return (u64)((addr & 0x3FFFFu) >> 4)
+         | ((u64)1 << 16)
+         | ((u64)64 << 32)
+         | ((u64)1 << 62);
+}
+// D[64x128] += A[64x8] * B[128x8]^T, both tf32 from shared memory.
+__device__ __forceinline__ void wgmma_tf32(float (&d)[64], u64 da, u64 db) {
     asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{@ACC_REGS@}, %64, %65, p, 1, 1;\n"
+        "}\n"
+        : @ACC_OPS@
+        : "l"(da), "l"(db), "r"(1));
+}
+
+// byte offset of 16-B chunk `chunk` (0..7) of row r inside a 128B-swizzled tile
+__device__ __forceinline__ unsigned swz(int r, int chunk) {
+    return (unsigned)(r * 128 + ((chunk ^ (r & 7)) << 4));
 }
 
 // C[z][M][N] = A[M][K] * W[N][K]^T over k-tiles [z*ktps, (z+1)*ktps)
 // mode 0: raw partial sums (split-K workspace); 1: + bias; 2: + bias, ReLU
-extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
-linear_tf32(const float* __restrict__ A, const float* __restrict__ W,
-            const float* __restrict__ bias, float* __restrict__ C,
-            int M, int N, int K, int ktps, int vec, int mode)
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+linear_wgmma(const float* __restrict__ A, const float* __restrict__ W,
+             const float* __restrict__ bias, float* __restrict__ C,
+             int M, int N, int K, int ktps, int vec, int mode)
 {
-    extern __shared__ __align__(16) float smem[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const unsigned raw_u32 = smem_u32(smem_raw);
+    const unsigned base_u32 = (raw_u32 + 1023u) & ~1023u;     // every tile base 1024-B aligned
+    unsigned char* sbase = smem_raw + (base_u32 - raw_u32);
+
     const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int wm = warp >> 2;     // 0..1 : 64 rows each
-    const int wn = warp & 3;      // 0..3 : 32 cols each
+    const int wg = warp >> 2;      // warpgroup: rows 64*wg .. 64*wg+63
+    const int q = warp & 3;        // warp inside the warpgroup
     const int m0 = blockIdx.y * BM;
     const int n0 = blockIdx.x * BN;
     const int KT = (K + BK - 1) / BK;
@@ -68,121 +101,137 @@ linear_tf32(const float* __restrict__ A, const float* __restrict__ W,
     const int nkt = kt1 > kt0 ? kt1 - kt0 : 0;
 
     auto load_tile = [&](int stage, int kt) {
-        float* As = smem + stage * STAGE_FLOATS;
-        float* Bs = As + TILE_FLOATS;
+        const unsigned sA = base_u32 + (unsigned)stage * STAGE_BYTES;
+        const unsigned sB = sA + TILE_BYTES;
         const int k0 = kt * BK;
         if (vec) {
             #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int idx = tid + i * NTHREADS;
                 const int r = idx >> 3;
-                const int c = (idx & 7) << 2;
-                const int gk = k0 + c;
+                const int c = idx & 7;
+                const int gk = k0 + (c << 2);
+                const unsigned off = swz(r, c);
                 const int gm = m0 + r;
                 const bool okA = (gm < M) && (gk < K);
                 const void* srcA = okA ? (const void*)(A + (size_t)gm * K + gk) : (const void*)A;
-                cp_async16(smem_u32(As + r * LDS + c), srcA, okA);
+                cp_async16(sA + off, srcA, okA);
                 const int gn = n0 + r;
                 const bool okB = (gn < N) && (gk < K);
                 const void* srcB = okB ? (const void*)(W + (size_t)gn * K + gk) : (const void*)W;
-                cp_async16(smem_u32(Bs + r * LDS + c), srcB, okB);
+                cp_async16(sB + off, srcB, okB);
             }
         } else {
             #pragma unroll 4
             for (int i = 0; i < 16; ++i) {
                 const int idx = tid + i * NTHREADS;
                 const int r = idx >> 5;
-                const int c = idx & 31;
-                const int gk = k0 + c;
+                const int k = idx & 31;
+                const int gk = k0 + k;
+                const unsigned off = swz(r, k >> 2) + ((k & 3) << 2);
                 const int gm = m0 + r;
                 const bool okA = (gm < M) && (gk < K);
                 const void* srcA = okA ? (const void*)(A + (size_t)gm * K + gk) : (const void*)A;
-                cp_async4(smem_u32(As + r * LDS + c), srcA, okA);
+                cp_async4(sA + off, srcA, okA);
                 const int gn = n0 + r;
                 const bool okB = (gn < N) && (gk < K);
                 const void* srcB = okB ? (const void*)(W + (size_t)gn * K + gk) : (const void*)W;
-                cp_async4(smem_u32(Bs + r * LDS + c), srcB, okB);
+                cp_async4(sB + off, srcB, okB);
             }
         }
     };
 
-    float acc[4][4][4];
+    float acc[64];
     #pragma unroll
-    for (int a = 0; a < 4; ++a)
-        #pragma unroll
-        for (int b = 0; b < 4; ++b)
-            #pragma unroll
-            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
 
+    // prologue: tiles 0 and 1 (prefetch distance 2 over 4 raw stages)
     #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
+    for (int s = 0; s < 2; ++s) {
         if (s < nkt) load_tile(s, kt0 + s);
         cp_async_commit();
     }
 
     for (int it = 0; it < nkt; ++it) {
-        cp_async_wait<STAGES - 2>();
+        // 1. tile `it` has landed; after this barrier every thread has passed wait_group 1
+        //    of iteration it-1, so tile it-2 (raw stage (it+2)%4, lo buffer it%2) is free.
+        cp_async_wait<1>();
         __syncthreads();
-        const int nf = it + STAGES - 1;
-        if (nf < nkt) load_tile(nf % STAGES, kt0 + nf);
+
+        // 2. prefetch tile it+2
+        const int nf = it + 2;
+        if (nf < nkt) load_tile(nf & 3, kt0 + nf);
         cp_async_commit();
 
-        const float* As = smem + (it % STAGES) * STAGE_FLOATS;
-        const float* Bs = As + TILE_FLOATS;
-        #pragma unroll
-        for (int ks = 0; ks < BK; ks += 8) {
-            unsigned bh[4][2], bl[4][2];
+        // 3. split stage it%4 once: hi (truncated tf32) in place, lo = exact residual
+        {
+            float4* st = reinterpret_cast<float4*>(sbase + (it & 3) * STAGE_BYTES);
+            float4* lb = reinterpret_cast<float4*>(sbase + LO_OFF + (it & 1) * STAGE_BYTES);
             #pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
-                const float* bp = Bs + (wn * 32 + ni * 8 + g) * LDS + ks + t;
-                split_tf32(bp[0], bh[ni][0], bl[ni][0]);
-                split_tf32(bp[4], bh[ni][1], bl[ni][1]);
-            }
-            #pragma unroll
-            for (int mi = 0; mi < 4; ++mi) {
-                const float* ap = As + (wm * 64 + mi * 16 + g) * LDS + ks + t;
-                unsigned ah[4], al[4];
-                split_tf32(ap[0],           ah[0], al[0]);
-                split_tf32(ap[8 * LDS],     ah[1], al[1]);
-                split_tf32(ap[4],           ah[2], al[2]);
-                split_tf32(ap[8 * LDS + 4], ah[3], al[3]);
-                #pragma unroll
-                for (int ni = 0; ni < 4; ++ni) {
-                    mma_tf32(acc[mi][ni], al, bh[ni]);   // small correction terms first
-                    mma_tf32(acc[mi][ni], ah, bl[ni]);
-                    mma_tf32(acc[mi][ni], ah, bh[ni]);   // main term last
-                }
+            for (int i = 0; i < 8; ++i) {
+                const int idx = tid + i * NTHREADS;
+                const float4 v = st[idx];
+                float4 h, l;
+                h.x = __uint_as_float(__float_as_uint(v.x) & 0xffffe000u); l.x = v.x - h.x;
+                h.y = __uint_as_float(__float_as_uint(v.y) & 0xffffe000u); l.y = v.y - h.y;
+                h.z = __uint_as_float(__float_as_uint(v.z) & 0xffffe000u); l.z = v.z - h.z;
+                h.w = __uint_as_float(__float_as_uint(v.w) & 0xffffe000u); l.w = v.w - h.w;
+                st[idx] = h;
+                lb[idx] = l;
             }
         }
+        fence_proxy_async();
+        __syncthreads();
+
+        // 4. 12 wgmmas per warpgroup: 4 k8 steps x (lo*hi, hi*lo, hi*hi)
+        const unsigned stA = base_u32 + (unsigned)(it & 3) * STAGE_BYTES;
+        const unsigned loA = base_u32 + LO_OFF + (unsigned)(it & 1) * STAGE_BYTES;
+        const u64 dAh = make_desc(stA + (unsigned)wg * 8192u);
+        const u64 dBh = make_desc(stA + TILE_BYTES);
+        const u64 dAl = make_desc(loA + (unsigned)wg * 8192u);
+        const u64 dBl = make_desc(loA + TILE_BYTES);
+
+        fence_acc(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u64 o = (u64)(2 * j);          // +32 B along K per k8 step
+            wgmma_tf32(acc, dAl + o, dBh + o);   // small correction terms first
+            wgmma_tf32(acc, dAh + o, dBl + o);
+            wgmma_tf32(acc, dAh + o, dBh + o);   // main term last
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_acc(acc);
     }
+    wgmma_wait<0>();
+    fence_acc(acc);
     cp_async_wait<0>();
 
+    // epilogue (wgmma accumulator layout)
     float* Cz = C + (size_t)blockIdx.z * (size_t)M * (size_t)N;
     const bool even = (N & 1) == 0;
     #pragma unroll
-    for (int mi = 0; mi < 4; ++mi) {
+    for (int j = 0; j < 16; ++j) {
+        const int col = n0 + 8 * j + 2 * t;
+        float b0 = 0.f, b1 = 0.f;
+        if (mode != 0) {
+            if (col < N) b0 = bias[col];
+            if (col + 1 < N) b1 = bias[col + 1];
+        }
         #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
-            const int col = n0 + wn * 32 + ni * 8 + 2 * t;
-            float b0 = 0.f, b1 = 0.f;
-            if (mode != 0) {
-                if (col < N) b0 = bias[col];
-                if (col + 1 < N) b1 = bias[col + 1];
-            }
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = m0 + wm * 64 + mi * 16 + g + h * 8;
-                if (row >= M) continue;
-                float v0 = acc[mi][ni][2 * h] + b0;
-                float v1 = acc[mi][ni][2 * h + 1] + b1;
-                if (mode == 2) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-                float* dst = Cz + (size_t)row * N + col;
-                if (even && col + 1 < N) {
-                    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-                } else {
-                    if (col < N) dst[0] = v0;
-                    if (col + 1 < N) dst[1] = v1;
-                }
+        for (int h = 0; h < 2; ++h) {
+            const int row = m0 + wg * 64 + 16 * q + g + 8 * h;
+            if (row >= M) continue;
+            float v0 = acc[4 * j + 2 * h] + b0;
+            float v1 = acc[4 * j + 2 * h + 1] + b1;
+            if (mode == 2) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+            float* dst = Cz + (size_t)row * N + col;
+            if (even && col + 1 < N) {
+                *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+            } else {
+                if (col < N) dst[0] = v0;
+                if (col + 1 < N) dst[1] = v1;
             }
         }
     }
@@ -204,11 +253,14 @@ extern "C" __global__ void splitk_reduce(const float* __restrict__ ws, const flo
 }
 '''
 
+_ACC_REGS = ", ".join("%" + str(i) for i in range(64))
+_ACC_OPS = ", ".join('"+f"(d[%d])' % i for i in range(64))
+_SRC = _SRC_T.replace("@ACC_REGS@", _ACC_REGS).replace("@ACC_OPS@", _ACC_OPS)
+
 _BM = 128
 _BN = 128
 _BK = 32
-_STAGES = 3
-_SMEM = _STAGES * 2 * 128 * 36 * 4   # 110592 bytes -> 2 blocks / SM
+_SMEM = 4 * 32768 + 2 * 32768 + 1024   # 4 raw stages + 2 lo buffers + alignment slack = 197632 B
 _THREADS = 256
 
 
@@ -224,7 +276,7 @@ class ModelNew(nn.Module):
         layers.append(nn.Linear(current_input_size, output_size))
         self.network = nn.Sequential(*layers)
 
-        self._mod = cudaforge.compile(_SRC)
+        self._mod = cudaforge.compile(_SRC, name="mlp_wgmma.cu")
         self._sm_cache = {}
 
     def _num_sms(self, device):
@@ -254,7 +306,7 @@ class ModelNew(nn.Module):
         gm = (M + _BM - 1) // _BM
         gn = (N + _BN - 1) // _BN
         tiles = gm * gn
-        target = 2 * self._num_sms(x.device)
+        target = self._num_sms(x.device)   # 1 block / SM now
 
         S = 1
         if tiles < target and KT >= 32:
@@ -267,14 +319,14 @@ class ModelNew(nn.Module):
 
         if S == 1:
             mode = 2 if relu else 1
-            self._mod.linear_tf32((gn, gm, 1), _THREADS,
-                                  (x, Wt, b, out, M, N, K, ktps, vec, mode),
-                                  shared_mem=_SMEM)
+            self._mod.linear_wgmma((gn, gm, 1), _THREADS,
+                                   (x, Wt, b, out, M, N, K, ktps, vec, mode),
+                                   shared_mem=_SMEM)
         else:
             ws = torch.empty((S, M, N), device=x.device, dtype=torch.float32)
-            self._mod.linear_tf32((gn, gm, S), _THREADS,
-                                  (x, Wt, b, ws, M, N, K, ktps, vec, 0),
-                                  shared_mem=_SMEM)
+            self._mod.linear_wgmma((gn, gm, S), _THREADS,
+                                   (x, Wt, b, ws, M, N, K, ktps, vec, 0),
+                                   shared_mem=_SMEM)
             MN = M * N
             blocks = max(1, min((MN + 255) // 256, 8192))
             self._mod.splitk_reduce(blocks, 256, (ws, b, out, MN, N, S, 1 if relu else 0))
