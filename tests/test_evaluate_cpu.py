@@ -565,6 +565,55 @@ def test_a_capture_that_fails_leaves_the_eager_times_and_says_why(monkeypatch):
     )
 
 
+def test_a_failed_capture_takes_the_random_generators_out_of_capture_mode():
+    # torch ends the generators' capture mode only in a capture_end() that succeeded: after an
+    # invalidated capture, the next random draw would raise "Offset increment outside graph
+    # capture". capture_forward ends one empty capture after a failed one, which does.
+    import contextlib
+    from types import SimpleNamespace
+
+    from cudaforge.harness import graphs
+
+    calls = []
+
+    class Graph:
+        made = 0
+
+        def __init__(self):
+            Graph.made += 1
+            self.n = Graph.made
+
+        def capture_begin(self, capture_error_mode):
+            calls.append((self.n, "begin", capture_error_mode))
+
+        def capture_end(self):
+            calls.append((self.n, "end"))
+            if self.n == 1:
+                raise RuntimeError("capture invalidated")
+
+        def reset(self):
+            calls.append((self.n, "reset"))
+
+    stream = SimpleNamespace(wait_stream=lambda other: None, synchronize=lambda: None)
+    cuda = SimpleNamespace(
+        current_stream=lambda device: stream, Stream=lambda device: stream, CUDAGraph=Graph,
+        stream=lambda s: contextlib.nullcontext(), synchronize=lambda device: None,
+    )  # fmt: skip
+
+    def forward():
+        if calls and calls[-1][1] == "begin":
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    with pytest.raises(RuntimeError, match="capture invalidated"):
+        graphs.capture_forward(SimpleNamespace(cuda=cuda), forward, [], "cuda", warmup=0)
+    assert calls == [(1, "begin", "thread_local"), (1, "end"),
+                     (2, "begin", "thread_local"), (2, "end"), (2, "reset")]  # fmt: skip
+    calls.clear()
+    Graph.made = 1  # a capture that succeeds ends no second one
+    captured = graphs.capture_forward(SimpleNamespace(cuda=cuda), lambda: 1, [], "cuda", warmup=0)
+    assert captured.output == 1 and [c[1] for c in calls] == ["begin", "end"]
+
+
 def test_the_speedup_uses_graph_times_only_where_both_sides_have_them():
     from cudaforge.harness.timing import _Measurement
 

@@ -47,6 +47,7 @@ def test_issue_model_hotspots(name):
     torch.cuda.empty_cache()
     source = hotspots[0]["problem_source"]
     same = source.replace("class Model(", "class ModelNew(")
-    result = cudaforge.evaluate(source, same, trials=2, timed_runs=5, warmup=2, traced_runs=0)
+    result = cudaforge.evaluate(source, same, trials=2, timed_runs=5, warmup=2, traced_runs=0,
+                                ignore_guards=["no_own_kernels"])  # torch code as the candidate
     assert result.status == "ok", result.error
     print(f"{name}: {hotspots[0]['name']} through the harness: ok, {result.tolerances}")

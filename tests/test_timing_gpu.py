@@ -1,5 +1,5 @@
 """Adaptive timing on the GPU (the H200): a kernel timed twice agrees with itself within the
-intervals it reports, and short forwards are also timed as CUDA-graph replays, or said not to be
+intervals it reports (on the scale of the reference timed alongside it), and short forwards are also timed as CUDA-graph replays, or said not to be
 capturable. Run with `pytest -m gpu -s tests/test_timing_gpu.py` (-s prints the figures)."""
 
 from __future__ import annotations
@@ -37,11 +37,17 @@ def test_a_kernel_timed_twice_agrees_within_its_intervals(pool):
         assert eager["runs"] == r.timing["reference_eager"]["runs"] <= r.timing["max_runs"]
     print(f"\nfirst:  {figures(first)}\nsecond: {figures(second)}")
     assert first.timing["speedup_basis"] == second.timing["speedup_basis"]
-    # each median lies within the other run's interval, widened by the stated precision (two
-    # processes: their clocks may differ by that much); and the two are a tie by the tie rule
-    for a, b in ((first, second), (second, first)):
+    # Each median lies within the other run's interval, widened by the stated precision, once
+    # the two runs are put on one scale by their references. The two evaluations are two worker
+    # processes: on the H200 a 50 us forward's absolute time moved 5% between them, the
+    # reference timed alongside it by as much (a shift common to both sides, which the intervals
+    # of one run cannot know of and the speedup cancels). The raw shift is printed.
+    shift = second.reference_ms / first.reference_ms
+    print(f"common shift (second/first reference): {shift:.4f}; candidate: "
+          f"{second.candidate_ms / first.candidate_ms:.4f}")  # fmt: skip
+    for a, b, scale in ((first, second, 1 / shift), (second, first, shift)):
         slack = a.timing["precision"] * a.candidate_ms
-        assert a.candidate_low_ms - slack <= b.candidate_ms <= a.candidate_high_ms + slack
+        assert a.candidate_low_ms - slack <= b.candidate_ms * scale <= a.candidate_high_ms + slack
     assert compare_results(first, second)[0] == "tie"
     assert abs(first.speedup / second.speedup - 1) < 0.03  # the issue's goal
 

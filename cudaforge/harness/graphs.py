@@ -55,12 +55,34 @@ def capture_forward(torch, model, inputs: list, device, warmup: int = WARMUP_CAL
         side.synchronize()
         graph.capture_begin(capture_error_mode="thread_local")
         try:
-            output = model(*static)
-        finally:
-            graph.capture_end()  # raises when a call in the forward invalidated the capture
+            try:
+                output = model(*static)
+            finally:
+                graph.capture_end()  # raises when a call in the forward invalidated the capture
+        except BaseException:
+            _end_generator_capture(torch)
+            raise
     current.wait_stream(side)
     torch.cuda.synchronize(device)
     return CapturedForward(graph, static, output)
+
+
+def _end_generator_capture(torch) -> None:
+    """After a failed capture, put the CUDA random generators back out of capture mode.
+
+    capture_begin() puts the default generator in capture mode, and capture_end() takes it out
+    only after cudaStreamEndCapture succeeded; a forward that invalidated the capture leaves it
+    in, and every random draw after it (the next check's inputs) raises "Offset increment outside
+    graph capture encountered unexpectedly". An empty capture, begun and ended on the current
+    (side) stream, ends the generator's capture mode cleanly; its graph is dropped."""
+    import warnings
+
+    empty = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "The CUDA Graph is empty ..."
+        empty.capture_begin(capture_error_mode="thread_local")
+        empty.capture_end()
+    empty.reset()
 
 
 def copied_output(torch, out):
