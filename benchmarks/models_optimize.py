@@ -159,14 +159,23 @@ def run_model(name: str, args) -> dict:
     print(f"== {name} inference, ms per forward (medians, interleaved): {ms}", flush=True)
     fresh, _ = build(name, device, small=args.small)
     began = time.perf_counter()
-    loaded = cudaforge.load(fresh, inputs, store=store, max_hotspots=args.max_hotspots,
-                            min_share=args.min_share)  # fmt: skip
+    try:
+        loaded = cudaforge.load(fresh, inputs, store=store, max_hotspots=args.max_hotspots,
+                                min_share=args.min_share)  # fmt: skip
+        report["load_swapped"] = [h.name for h in loaded.swapped]
+        del loaded
+    except cudaforge.CudaforgeError as exc:
+        report["load_error"] = f"{type(exc).__name__}: {exc}"
     report["load_s"] = time.perf_counter() - began
-    report["load_swapped"] = [h.name for h in loaded.swapped]
-    print(f"== {name} load: {report['load_s']:.1f} s, swapped {report['load_swapped']}")
-    del fresh, loaded, compiled
+    print(f"== {name} load: {report['load_s']:.1f} s, swapped {report.get('load_swapped')} "
+          f"{report.get('load_error', '')}", flush=True)  # fmt: skip
+    del fresh, compiled
     if name in ("gpt2", "llama") and not args.no_training:
-        report["training"] = measure_training(name, device, store, args)
+        try:
+            report["training"] = measure_training(name, device, store, args)
+        except cudaforge.CudaforgeError as exc:
+            report["training"] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"== {name} training step: {report['training']['error']}", flush=True)
     return report
 
 
