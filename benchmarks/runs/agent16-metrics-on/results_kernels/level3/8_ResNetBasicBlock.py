@@ -73,8 +73,10 @@ __device__ __forceinline__ void split_f16(float x, unsigned& hi, unsigned& lo) {
     lo = (unsigned)__half_as_ushort(l);
 }
 
+// Not volatile: the MMA has no side effects beyond its outputs, so the compiler may
+// interleave independent MMAs (different accumulators) to hide the HMMA latency.
 __device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -459,13 +461,24 @@ k_conv2_tc(const float* __restrict__ y1, const float* __restrict__ scale1, const
                     // weights arrive pre-split (K0): hi block, then lo block, 128 words each
                     const uint4 bh = sW4[((t * 4 + jp) * 2 + 0) * 32 + lane];
                     const uint4 bl = sW4[((t * 4 + jp) * 2 + 1) * 32 + lane];
+                    // product-major order: 4 independent accumulators between any two MMAs
+                    // that share one; each accumulator still gets lo*hi, hi*lo, hi*hi in order.
+                    // product 0: a_lo * b_hi
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt) {
                         mma_f16(acc[mt][2 * jp], al[mt], bh.x, bh.y);
-                        mma_f16(acc[mt][2 * jp], ah[mt], bl.x, bl.y);
-                        mma_f16(acc[mt][2 * jp], ah[mt], bh.x, bh.y);
                         mma_f16(acc[mt][2 * jp + 1], al[mt], bh.z, bh.w);
+                    }
+                    // product 1: a_hi * b_lo
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        mma_f16(acc[mt][2 * jp], ah[mt], bl.x, bl.y);
                         mma_f16(acc[mt][2 * jp + 1], ah[mt], bl.z, bl.w);
+                    }
+                    // product 2: a_hi * b_hi
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        mma_f16(acc[mt][2 * jp], ah[mt], bh.x, bh.y);
                         mma_f16(acc[mt][2 * jp + 1], ah[mt], bh.z, bh.w);
                     }
                 }
