@@ -10,6 +10,7 @@ construction."""
 from __future__ import annotations
 
 import _thread
+import copy
 import json
 import os
 import sqlite3
@@ -239,6 +240,53 @@ def test_resumes_hot_spots_through_the_file_provider(net, pool, tmp_path, monkey
         kinds = [json.loads(line)["kind"] for line in transcript]
     assert kinds.count("start") == 1 and kinds.count("resume") == 2
     torch.testing.assert_close(third.model(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_kernel_that_slows_the_whole_model_is_taken_out(net, pool, tmp_path, monkeypatch):
+    # faster on its own (the in-process timing says 2x), slower in the model: taken out
+    from cudaforge.model import optimize as optimize_module
+    from cudaforge.model import swap as swap_module
+
+    def fast_alone(swap):
+        swap.check.original_ms, swap.check.kernel_ms = 2.0, 1.0
+        return swap.check
+
+    monkeypatch.setattr(swap_module, "measure", fast_alone)
+    monkeypatch.setattr(optimize_module._Run, "time_model",
+                        lambda run: 3.0 if swaps(run.model) else 1.0)  # fmt: skip
+    model, x = net
+    result = run(model, x, False, pool, scripted([GELU_FUSED]), targets=["NewGELU"],
+                 min_speedup=1.0)  # fmt: skip
+    gelu = outcome(result, "NewGELU")
+    assert gelu.status == "slower_here" and "the model took 3 ms with it and 1 ms" in gelu.detail
+    assert swaps(result.model) == [] and result.after_ms == result.before_ms == 1.0
+    # min_speedup=0 asks for every verified kernel, whatever the model's time
+    kept = run(model, x, False, pool, scripted([GELU_FUSED]), targets=["NewGELU"])
+    assert outcome(kept, "NewGELU").status == "swapped" and kept.after_ms == 3.0
+
+
+def test_a_bf16_model_is_checked_end_to_end_against_its_fp32_run(net, pool, tmp_path,
+                                                                   monkeypatch):  # fmt: skip
+    from cudaforge.model import optimize as optimize_module
+
+    seen = {}
+    check = optimize_module._Run.check_outputs
+
+    def spy(self, got, expected, expected32=None):
+        seen["expected32"] = expected32
+        return check(self, got, expected, expected32)
+
+    monkeypatch.setattr(optimize_module._Run, "check_outputs", spy)
+    model, x = net
+    model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    result = run(model, x, False, pool, scripted([GELU_FUSED]), targets=["NewGELU"],
+                 tolerance=None)  # fmt: skip
+    assert outcome(result, "NewGELU").status == "swapped", outcome(result, "NewGELU").detail
+    expected32 = seen["expected32"]
+    assert expected32.dtype == torch.float32 and expected32.shape == result.model(x).shape
+    with torch.no_grad():
+        torch.testing.assert_close(expected32, copy.deepcopy(model).float()(x.float()))
+    assert result.outputs_match
 
 
 def test_inplace_patches_the_model_and_restore_undoes_it(net, pool, tmp_path):

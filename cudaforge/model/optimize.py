@@ -442,6 +442,7 @@ class _Run:
             agent_options = dict(agent_options)
             agent_options["max_dollars"] = agent_options.pop("dollars") / len(hotspots)
         expected = self.forward()
+        expected32 = self.forward32()
         before_ms = self.time_model()
         if self.pool is None and self._evaluate is None:
             from ..harness.pool import default_pool
@@ -456,7 +457,7 @@ class _Run:
         after_ms = before_ms
         max_abs_err, match = 0.0, True
         if swaps(self.model):
-            max_abs_err, match = self.check_outputs(self.forward(), expected)
+            max_abs_err, match = self.check_outputs(self.forward(), expected, expected32)
             if not match:
                 restore(self.model)
                 for outcome in self.outcomes.values():
@@ -467,6 +468,8 @@ class _Run:
                             f"(max abs error {max_abs_err:.3g}); every kernel was taken out"
                         )
             after_ms = self.time_model()
+            if match:
+                after_ms = self.keep_what_speeds_up(before_ms, after_ms)
         for swap in swaps(self.model):
             swap.site.release()
         result = OptimizeResult(
@@ -502,15 +505,67 @@ class _Run:
             torch.manual_seed(0)
             return self.model(*self.args, **self.kwargs)
 
+    def forward32(self):
+        """The original model's outputs from an fp32 copy of it on fp32 inputs, for a bf16/fp16
+        model in eval mode: the end-to-end check judges the outputs by the harness's
+        reduced-precision rule against them. None otherwise, or when the copy does not run."""
+        reduced = (torch.bfloat16, torch.float16)
+        if self.model.training or not any(p.dtype in reduced for p in self.model.parameters()):
+            return None
+        from torch.utils._pytree import tree_map
+
+        def up(value):
+            return value.float() if isinstance(value, torch.Tensor) and value.dtype in reduced else value
+
+        model32 = None
+        try:
+            model32 = copy.deepcopy(self.model).float()
+            devices = [self.device.index or 0] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                torch.manual_seed(0)
+                return model32(*tree_map(up, self.args), **tree_map(up, self.kwargs))
+        except Exception as exc:  # noqa: BLE001 - then the tolerance table alone judges
+            self.progress.say(f"no fp32 run of the model for the end-to-end check ({exc})")
+            return None
+        finally:
+            del model32
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
     def time_model(self) -> float:
         with torch.no_grad():
             return time_call(lambda: self.model(*self.args, **self.kwargs), self.device)
 
-    def check_outputs(self, got, expected) -> tuple[float, bool]:
+    def check_outputs(self, got, expected, expected32=None) -> tuple[float, bool]:
         actual = [t for t in _leaves(got) if isinstance(t, torch.Tensor)]
         wanted = [t for t in _leaves(expected) if isinstance(t, torch.Tensor)]
-        worst, problem = compare(actual, wanted, _loose(self.tolerance, wanted))
+        wanted32 = None
+        if expected32 is not None:
+            wanted32 = [t for t in _leaves(expected32) if isinstance(t, torch.Tensor)]
+        worst, problem = compare(actual, wanted, _loose(self.tolerance, wanted), wanted32)
         return (worst.max_abs_err if worst else math.inf), not problem
+
+    def keep_what_speeds_up(self, before_ms: float, after_ms: float) -> float:
+        """While the model with its kernels is slower than without (beyond 1%; min_speedup
+        scales the bar, 0 turns this off), take out the
+        hot spot whose kernel gained least in this process and time again. A kernel faster on
+        its own can make the model slower (host work where the forward is launch-bound, a
+        layout conversion). Returns the model's time with what is left."""
+        while self.min_speedup > 0 and after_ms * self.min_speedup > before_ms * 1.01:
+            swapped = [o for o in self.outcomes.values() if o.status == "swapped"]
+            if not swapped:
+                break
+            least = min(swapped, key=lambda o: o.speedup or 0.0)
+            for swap in swaps(self.model):
+                if swap.name == least.name:
+                    swap.uninstall()
+            least.status = "slower_here"
+            least.detail = (
+                f"{least.speedup or 0:.2f}x on its own in this process, but the model took "
+                f"{after_ms:.3g} ms with it and {before_ms:.3g} ms before; taken out"
+            )
+            after_ms = self.time_model() if swaps(self.model) else before_ms
+        return after_ms
 
 
 def _one_line(result: EvalResult) -> str:

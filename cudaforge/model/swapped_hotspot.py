@@ -63,8 +63,10 @@ class SwapCheck:
     gradient_max_abs_err: float | None = None
     backward_kernel: bool = False
     backward_kernel_refused: str = ""
-    original_ms: float | None = None
+    original_ms: float | None = None  # queued behind a busy GPU: its own time, as in a forward
     kernel_ms: float | None = None
+    original_alone_ms: float | None = None  # called alone on an idle GPU: launch overhead in
+    kernel_alone_ms: float | None = None
     notes: list[str] = field(default_factory=list)
 
     @property

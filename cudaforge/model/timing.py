@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+QUEUE_CYCLES = 4_000_000  # GPU clock cycles spun ahead of a queued call: about 2 ms at 2 GHz
+
 
 def split_inputs(example_inputs) -> tuple[tuple, dict]:
     """A tensor, a tuple/list of positional arguments, or a dict of keyword arguments ->
@@ -53,9 +55,16 @@ def time_call(
     max_reps: int = 100,
     target_ms: float = 60.0,
     warmup: int = 2,
+    queued: bool = False,
 ) -> float:
     """Median time of one call of fn() in ms: CUDA events on a GPU, perf_counter on the CPU.
-    Repeats until about target_ms of samples (between min_reps and max_reps)."""
+    Repeats until about target_ms of samples (between min_reps and max_reps).
+
+    queued: on a GPU, each call is enqueued behind QUEUE_MS of spinning, so that the host's
+    work for it (Python, launches) happens while the GPU is still busy, as for an op inside a
+    forward that keeps the GPU busy: the time is then the GPU's own, launch overhead hidden
+    unless it is longer than the spin. Unqueued, an idle GPU waits for the host and the time is
+    the host's where the host is slower (a short op called on its own)."""
     device = torch.device(device)
     for _ in range(warmup):
         fn()
@@ -66,6 +75,8 @@ def time_call(
         if device.type == "cuda":
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
+            if queued:
+                torch.cuda._sleep(QUEUE_CYCLES)
             start.record()
             fn()
             end.record()
