@@ -157,6 +157,20 @@ def run_model(name: str, args) -> dict:
         ms = time_side_by_side({**fns, **compiled}, reps=args.reps)
     report["end_to_end_ms"] = ms
     print(f"== {name} inference, ms per forward (medians, interleaved): {ms}", flush=True)
+    del compiled
+    if not args.no_load:
+        load_fresh(name, device, store, inputs, report, args)
+    if name in ("gpt2", "llama") and not args.no_training:
+        try:
+            report["training"] = measure_training(name, device, store, args)
+        except cudaforge.CudaforgeError as exc:
+            report["training"] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"== {name} training step: {report['training']['error']}", flush=True)
+    return report
+
+
+def load_fresh(name, device, store, inputs, report, args) -> None:
+    """cudaforge.load() of a fresh copy of the model: the stored kernels verified again, timed."""
     fresh, _ = build(name, device, small=args.small)
     began = time.perf_counter()
     try:
@@ -169,14 +183,6 @@ def run_model(name: str, args) -> dict:
     report["load_s"] = time.perf_counter() - began
     print(f"== {name} load: {report['load_s']:.1f} s, swapped {report.get('load_swapped')} "
           f"{report.get('load_error', '')}", flush=True)  # fmt: skip
-    del fresh, compiled
-    if name in ("gpt2", "llama") and not args.no_training:
-        try:
-            report["training"] = measure_training(name, device, store, args)
-        except cudaforge.CudaforgeError as exc:
-            report["training"] = {"error": f"{type(exc).__name__}: {exc}"}
-            print(f"== {name} training step: {report['training']['error']}", flush=True)
-    return report
 
 
 def measure_training(name: str, device, store, args) -> dict:
@@ -238,6 +244,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-training", action="store_true")
+    parser.add_argument("--no-load", action="store_true", help="skip timing load() of a copy")
     parser.add_argument("--render", action="store_true", help="write the next prompts (CPU)")
     parser.add_argument("--small", action="store_true", help="tiny configurations (CPU smoke)")
     args = parser.parse_args(argv)

@@ -471,6 +471,9 @@ def main(argv=None) -> int:
         help="correctness trials per evaluation (timing is the subject; default 2)",
     )
     parser.add_argument("--only", default="", help="candidates whose name contains this")
+    parser.add_argument("--spares", type=int, default=None,
+                        help="workers started ahead (default: the pool's; 0 starts each one "
+                             "when needed, so that no process starts while another is timed)")  # fmt: skip
     parser.add_argument("--part", default="", help="K/N: every N-th candidate from the K-th")
     parser.add_argument("--no-attribute", action="store_true", help="skip the spread attribution")
     parser.add_argument("--attribute-only", action="store_true")
@@ -511,7 +514,7 @@ def main(argv=None) -> int:
         chosen = [on_cpu(c) for c in chosen]
     device = "cpu" if cpu else torch.cuda.get_device_name()
     report = {"device": device, "trials": args.trials, "entries": [], "old_options": OLD,
-              "new_options": NEW, "started": time.time()}  # fmt: skip
+              "new_options": NEW, "started": time.time(), "spares": args.spares}  # fmt: skip
     if not args.no_attribute and not cpu:
         report["attribution"] = attribute(300 if args.quick else 1000)
         print("\n".join(attribution_lines(report["attribution"])), flush=True)
@@ -519,7 +522,8 @@ def main(argv=None) -> int:
     if chosen:
         more = {"timed_runs": 10, "warmup": 1, "min_runs": 6, "max_runs": 40,
                 "time_budget_s": 0.2} if cpu else {}  # fmt: skip
-        with WorkerPool(1, device=args.device, timeout=120, compile_timeout=600) as pool:
+        with WorkerPool(1, device=args.device, timeout=120, compile_timeout=600,
+                        spares=args.spares) as pool:  # fmt: skip
             for i, cand in enumerate(chosen):
                 entry = evaluate_candidate(pool, cand, args.trials, **more)
                 report["entries"].append(entry)
