@@ -133,7 +133,7 @@ def candidates(quick: bool, only: str = "", part: str = "", every_llm: bool = Fa
     else:
         found += llm
     if only:
-        found = [c for c in found if only in c.name]
+        found = [c for c in found if any(part in c.name for part in only.split(","))]
     if part:
         k, n = (int(v) for v in part.split("/"))
         if not 1 <= k <= n:
@@ -470,7 +470,7 @@ def main(argv=None) -> int:
         default=2,
         help="correctness trials per evaluation (timing is the subject; default 2)",
     )
-    parser.add_argument("--only", default="", help="candidates whose name contains this")
+    parser.add_argument("--only", default="", help="candidates whose name contains this (comma: any of these)")
     parser.add_argument("--spares", type=int, default=None,
                         help="workers started ahead (default: the pool's; 0 starts each one "
                              "when needed, so that no process starts while another is timed)")  # fmt: skip
