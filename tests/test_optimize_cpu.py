@@ -252,6 +252,8 @@ def test_a_kernel_that_slows_the_whole_model_is_taken_out(net, pool, tmp_path, m
         return swap.check
 
     monkeypatch.setattr(swap_module, "measure", fast_alone)
+    # CPU timings are noise: the worker's verdict counts as faster whatever its speedup
+    monkeypatch.setattr(optimize_module._Run, "faster", lambda run, result: result.ok)
     monkeypatch.setattr(optimize_module._Run, "time_model",
                         lambda run: 3.0 if swaps(run.model) else 1.0)  # fmt: skip
     model, x = net
