@@ -373,6 +373,8 @@ def cmd_optimize(args) -> int:
         profile=not args.no_profile,
         transcripts=args.transcripts,
         store=args.store,
+        **({"targets": args.targets} if args.targets else {}),
+        **({"min_share": args.min_share} if args.min_share is not None else {}),
     )
     print(result.report())
     if result.waiting_for:
@@ -513,7 +515,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--transcripts", metavar="DIR",
         help="one agents transcript per hot spot here; running again with it resumes them",
     )  # fmt: skip
-    p.add_argument("--store", metavar="DIR", help="the kernel store (default: the cache dir's)")
+    p.add_argument("--store", metavar="FILE", help="the kernel store (default: the cache dir's)")
+    p.add_argument(
+        "--targets", nargs="+", metavar="TARGET",
+        help="only these hot spots: module paths, class names, kinds (module, chain, block, "
+        "layer) or label text",
+    )  # fmt: skip
+    p.add_argument("--min-share", type=float, help="smallest share of the forward (default 0.02)")
     _add_profile_option(p)
     p.set_defaults(run=cmd_optimize)
 
