@@ -614,6 +614,40 @@ def test_a_failed_capture_takes_the_random_generators_out_of_capture_mode():
     assert captured.output == 1 and [c[1] for c in calls] == ["begin", "end"]
 
 
+def test_a_timing_that_did_not_settle_is_timed_again_and_said_so():
+    from cudaforge.harness.stopping import TimeSummary
+    from cudaforge.harness.timing import _Measurement
+
+    def measured(spread_pct, stop):
+        times = [1.0] * 10 + [1.0 + spread_pct / 100 * k / 10 for k in range(1, 31)]
+        m = _Measurement(times, None, [], [], [])
+        m.summary = TimeSummary.of(times, stop)
+        return m
+
+    calm, noisy = measured(0.5, "precision"), measured(40, "max_runs")
+    assert calm.summary.settled and not noisy.summary.settled
+    assert measured(40, "precision").summary.settled  # reached the precision: a noisy kernel
+    assert noisy.summary.to_dict()["settled"] is False
+    run, r = _evaluation()
+    attempts = [(calm, calm)]
+    run.measure_interleaved = lambda sets, tracer: attempts.pop(0)
+    kept = run.time_again(1, None, noisy, calm)
+    assert kept == (calm, calm) and r.timing["retimed"] == "kept the second attempt"
+    assert r.timing["first_attempt"]["candidate"]["settled"] is False and not r.notes
+    # unsettled twice: the calmer attempt is kept, and the result says it did not settle
+    run, r = _evaluation()
+    worse = measured(80, "budget")
+    run.measure_interleaved = lambda sets, tracer: (worse, calm)
+    assert run.time_again(1, None, noisy, calm) == (noisy, calm)
+    assert r.timing["retimed"] == "kept the first attempt"
+    assert "did not settle in two attempts" in r.notes[0]
+    run.record_times(noisy, calm, None)
+    assert r.timing["settled"] is False
+    from cudaforge.profiling.measurements import measurements_text
+
+    assert "the timing did not settle" in measurements_text(r).splitlines()[0]
+
+
 def test_the_speedup_uses_graph_times_only_where_both_sides_have_them():
     from cudaforge.harness.timing import _Measurement
 

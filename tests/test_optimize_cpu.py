@@ -329,3 +329,18 @@ def test_options_after_example_inputs_are_keywords_and_load_is_apply_stored():
     assert load is apply_stored
     with pytest.raises(TypeError):
         cudaforge.optimize(Net(), (torch.randn(4, 64),), "scripted:")
+
+
+def test_a_speedup_from_a_timing_that_did_not_settle_is_no_evidence():
+    from types import SimpleNamespace
+
+    from cudaforge.harness.results import EvalResult
+    from cudaforge.model.optimize import _Run
+
+    run = SimpleNamespace(min_speedup=1.0)
+    fast = EvalResult(problem="p", status="ok", correct=True, speedup=2.5, timing={"settled": True})
+    assert _Run.faster(run, fast)
+    fast.timing["settled"] = False  # e.g. the attention kernel's 2.52x on the H200
+    assert not _Run.faster(run, fast)
+    fast.timing.pop("settled")  # recorded before the rule: as it was
+    assert _Run.faster(run, fast)

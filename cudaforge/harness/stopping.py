@@ -18,6 +18,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 CONFIDENCE = 0.95
+# a side whose runs ended without reaching the precision, with a spread above this, did not
+# settle: something else ran on the GPU or the host meanwhile (benchmarks/RESULTS.md, issue 20:
+# on the H200 such an evaluation put an attention reference at 0.197 ms against 0.049 ms in the
+# evaluation before, and its speedup at 2.52x where it was below 1)
+UNSETTLED_SPREAD = 0.05
 
 # why a side's timed runs ended
 STOPS = (
@@ -106,6 +111,12 @@ class TimeSummary:
         )
 
     @property
+    def settled(self) -> bool:
+        """False when the runs ended on the budget or the run cap, not the precision, with a
+        spread above UNSETTLED_SPREAD: a disturbed measurement rather than a noisy kernel."""
+        return not (self.stop in ("budget", "max_runs") and self.spread > UNSETTLED_SPREAD)
+
+    @property
     def half_width(self) -> float | None:
         """Half the interval's width over the median (0.01: within 1%); None without one."""
         if self.low_ms is None or self.high_ms is None or self.median_ms <= 0:
@@ -113,7 +124,7 @@ class TimeSummary:
         return (self.high_ms - self.low_ms) / 2 / self.median_ms
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "settled": self.settled}
 
 
 @dataclass(frozen=True)

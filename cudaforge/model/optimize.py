@@ -206,7 +206,11 @@ class _Run:
         return max(1, getattr(self.pool, "size", 1) or 1)
 
     def faster(self, result: EvalResult) -> bool:
-        return result.ok and result.speedup is not None and result.speedup > self.min_speedup
+        """Correct, faster than min_speedup, and timed by runs that settled (a disturbed timing
+        is no evidence of speed: harness.stopping.TimeSummary.settled)."""
+        settled = (result.timing or {}).get("settled", True) is not False
+        return (result.ok and settled and result.speedup is not None
+                and result.speedup > self.min_speedup)  # fmt: skip
 
     def note(self, hotspot: Hotspot, source: str, result: EvalResult, origin: str,
              transcript: str = "") -> None:  # fmt: skip

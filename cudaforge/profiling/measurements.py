@@ -89,6 +89,8 @@ def _timing_lines(result: Any) -> list[str]:
         )
         if _within_noise(result):
             line += " (a tie within noise: the intervals overlap)"
+        if timing.get("settled") is False:
+            line += " (uncertain: the timing did not settle in two attempts, something else ran)"
     if graph:
         line += _eager_figures(timing)
     compiled_ms = getattr(result, "compiled_reference_ms", None)
