@@ -51,3 +51,29 @@ def test_issue_model_hotspots(name):
                                 ignore_guards=["no_own_kernels"])  # torch code as the candidate
     assert result.status == "ok", result.error
     print(f"{name}: {hotspots[0]['name']} through the harness: ok, {result.tolerances}")
+
+
+STORE = Path(__file__).resolve().parents[1] / "benchmarks" / "runs" / "models" / "store.sqlite3"
+
+
+@pytest.mark.gpu
+def test_gpt2_training_step_with_a_stored_kernel_keeps_the_gradients(tmp_path):
+    # the kernels a real model wrote for GPT-2 (benchmarks/runs/models, store committed), applied
+    # with load(training=True): at least one swapped, one step's gradients as eager's
+    pytest.importorskip("transformers")
+    import shutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import models_optimize
+
+    store = tmp_path / "store.sqlite3"
+    shutil.copy(STORE, store)  # load() re-verifies and may write: never the committed file
+    eager, inputs = models_optimize.training_model("gpt2", "cuda", small=False)
+    mine = models_optimize.copy.deepcopy(eager)
+    loaded = cudaforge.load(mine, inputs, store=store, training=True, inplace=True,
+                            max_hotspots=6, min_share=0.02)  # fmt: skip
+    print("\n" + loaded.report())
+    assert loaded.swapped, [(h.name, h.status, h.detail) for h in loaded.hotspots]
+    grad_err, loss_err = models_optimize.gradient_error(eager, mine, inputs)
+    print(f"largest relative gradient difference {grad_err:.3g}, loss {loss_err:.3g}")
+    assert grad_err < 0.02 and loss_err < 1e-3
