@@ -47,7 +47,7 @@ from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot, find_hotspots
 from .outcomes import HotspotOutcome, OptimizeResult
 from .store import KernelStore
 from .swap import restore, swap_in, swaps
-from .swap_compare import compare
+from .swap_compare import compare, model_in_fp32
 from .swap_errors import SwapError
 from .timing import model_device, split_inputs, time_call
 
@@ -510,31 +510,13 @@ class _Run:
             return self.model(*self.args, **self.kwargs)
 
     def forward32(self):
-        """The original model's outputs from an fp32 copy of it on fp32 inputs, for a bf16/fp16
-        model in eval mode: the end-to-end check judges the outputs by the harness's
-        reduced-precision rule against them. None otherwise, or when the copy does not run."""
-        reduced = (torch.bfloat16, torch.float16)
-        if self.model.training or not any(p.dtype in reduced for p in self.model.parameters()):
-            return None
-        from torch.utils._pytree import tree_map
-
-        def up(value):
-            return value.float() if isinstance(value, torch.Tensor) and value.dtype in reduced else value
-
-        model32 = None
+        """The original model's outputs in fp32 (swap_compare.model_in_fp32), for the end-to-end
+        check of a bf16/fp16 model; None where there is none."""
         try:
-            model32 = copy.deepcopy(self.model).float()
-            devices = [self.device.index or 0] if self.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices), torch.no_grad():
-                torch.manual_seed(0)
-                return model32(*tree_map(up, self.args), **tree_map(up, self.kwargs))
+            return model_in_fp32(self.model, self.args, self.kwargs, self.device)
         except Exception as exc:  # noqa: BLE001 - then the tolerance table alone judges
             self.progress.say(f"no fp32 run of the model for the end-to-end check ({exc})")
             return None
-        finally:
-            del model32
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
 
     def time_model(self) -> float:
         with torch.no_grad():

@@ -92,4 +92,31 @@ def original_in_fp32(site, inputs, expected, tensors=None) -> list[Tensor] | Non
     return outputs
 
 
-__all__ = ["Difference", "compare", "original_in_fp32", "tolerances"]
+def model_in_fp32(model, args, kwargs, device):
+    """A bf16/fp16 model's outputs from an fp32 copy of it on its inputs upcast, the random
+    generators seeded as optimize's forward seeds them; None for a model in training mode or with
+    no bf16/fp16 parameter. Raises what the copy's forward raises."""
+    import copy
+
+    from torch.utils._pytree import tree_map
+
+    reduced = (torch.bfloat16, torch.float16)
+    if model.training or not any(p.dtype in reduced for p in model.parameters()):
+        return None
+
+    def up(value):
+        return value.float() if isinstance(value, Tensor) and value.dtype in reduced else value
+
+    model32 = copy.deepcopy(model).float()
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(0)
+            return model32(*tree_map(up, args), **tree_map(up, kwargs))
+    finally:
+        del model32
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+__all__ = ["Difference", "compare", "model_in_fp32", "original_in_fp32", "tolerances"]
