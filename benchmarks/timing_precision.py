@@ -146,13 +146,19 @@ def candidates(quick: bool, only: str = "", part: str = "", every_llm: bool = Fa
 
 
 def one_evaluation(pool, cand: Candidate, rule: str, trials: int, **more) -> dict:
+    from gpu_activity import GpuActivity
+
     options = {**(OLD if rule == "old" else NEW), **more}
     started = time.perf_counter()
+    activity = GpuActivity()  # on a machine without NVML it samples nothing and says why
     try:
+        activity.__enter__()
         r = pool.evaluate(cand.problem, cand.source, trials=trials, **options)
     except Exception as e:  # noqa: BLE001 - a harness failure is a row, not the end of the run
         return {"rule": rule, "status": "error", "error": f"{type(e).__name__}: {e}"[:300],
                 "seconds": time.perf_counter() - started}  # fmt: skip
+    finally:
+        activity.__exit__(None, None, None)
     seconds = time.perf_counter() - started
     t = r.timing
     eager = t.get("candidate_eager") or {}
@@ -166,6 +172,9 @@ def one_evaluation(pool, cand: Candidate, rule: str, trials: int, **more) -> dic
         "runs": eager.get("runs"), "stop": eager.get("stop"),
         "graph_stop": (t.get("candidate_graph") or {}).get("stop"),
         "graph_runs": (t.get("candidate_graph") or {}).get("runs"),
+        "settled": t.get("settled"), "retimed": t.get("retimed"),
+        # which processes had SM time during the evaluation (NVML), for a disturbed one
+        "gpu_processes": activity.summary(), "gpu_activity": activity.unavailable or "sampled",
     }  # fmt: skip
 
 

@@ -166,3 +166,27 @@ def test_timing_precision_attribution_table():
     assert "1755-1980 MHz, median 1980; correlation of run time with it: -0.31" in text
     assert tp._correlation([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
     assert tp._correlation([1.0, 1.0, 1.0], [2.0, 4.0, 6.0]) is None
+
+
+def test_gpu_activity_names_processes_and_summarizes_samples():
+    import os
+
+    import gpu_activity as ga
+    import torch
+
+    assert ga.role_of(os.getpid()) == "this process"
+    worker = "/venv/bin/python -m cudaforge.harness.worker 17 25 28 29 1"
+    assert ga.role_of(11, worker, own_pid=1) == "worker (17 25 28 29 1)"
+    assert ga.role_of(12, "python -m cudaforge.harness.reference_process 14 0",
+                      own_pid=1) == "reference process (14 0)"  # fmt: skip
+    assert ga.role_of(2**22 + 7, own_pid=1) == "gone"  # no such process
+    rows = ga.summarize([(11, 90, 40), (12, 5, 1), (11, 70, 30), (12, 0, 0)],
+                        {11: "worker", 12: "reference process"})  # fmt: skip
+    assert [r["pid"] for r in rows] == [11, 12]
+    assert rows[0] == {"pid": 11, "role": "worker", "samples": 2, "sm_max": 90, "sm_mean": 80.0,
+                       "mem_max": 40}  # fmt: skip
+    assert rows[1]["sm_mean"] == 2.5
+    with ga.GpuActivity(period=0.01) as activity:
+        pass
+    if not torch.cuda.is_available():  # no NVML device here: nothing sampled, and it says why
+        assert activity.unavailable and activity.summary() == []
