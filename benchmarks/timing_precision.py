@@ -150,15 +150,13 @@ def one_evaluation(pool, cand: Candidate, rule: str, trials: int, **more) -> dic
 
     options = {**(OLD if rule == "old" else NEW), **more}
     started = time.perf_counter()
-    activity = GpuActivity()  # on a machine without NVML it samples nothing and says why
-    try:
-        activity.__enter__()
-        r = pool.evaluate(cand.problem, cand.source, trials=trials, **options)
-    except Exception as e:  # noqa: BLE001 - a harness failure is a row, not the end of the run
-        return {"rule": rule, "status": "error", "error": f"{type(e).__name__}: {e}"[:300],
-                "seconds": time.perf_counter() - started}  # fmt: skip
-    finally:
-        activity.__exit__(None, None, None)
+    # on a machine without NVML it samples nothing and says why
+    with GpuActivity() as activity:
+        try:
+            r = pool.evaluate(cand.problem, cand.source, trials=trials, **options)
+        except Exception as e:  # noqa: BLE001 - a harness failure is a row, not the end of the run
+            return {"rule": rule, "status": "error", "error": f"{type(e).__name__}: {e}"[:300],
+                    "seconds": time.perf_counter() - started}  # fmt: skip
     seconds = time.perf_counter() - started
     t = r.timing
     eager = t.get("candidate_eager") or {}

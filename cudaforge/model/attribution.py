@@ -15,6 +15,7 @@ from torch import nn
 
 from .owner_forward import OwnerForward
 from .sites import Site
+from .timing import profiled_forwards
 
 _RANGE = "cudaforge.hotspot:"
 _FORWARD = "cudaforge.forward"
@@ -102,20 +103,8 @@ def attribute(
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     handles, owners, chains = _install(site_groups)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if on_gpu:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
     try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-            if on_gpu:
-                torch.cuda.synchronize(device)
-            with torch.profiler.profile(activities=activities) as prof:
-                for _ in range(repeat):
-                    with torch.autograd.profiler.record_function(_FORWARD):
-                        model(*args, **kwargs)
-                if on_gpu:
-                    torch.cuda.synchronize(device)
+        prof = profiled_forwards(model, args, kwargs, device, repeat, label=_FORWARD)
     finally:
         for handle in handles:
             handle.remove()

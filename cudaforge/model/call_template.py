@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .codegen import NotExtractable, TensorSpec, is_literal, python_name
+from .codegen import NotExtractable, TensorSpec, is_literal, python_name, unique_name
 
 
 def same_constant(a, b) -> bool:
@@ -197,14 +197,8 @@ def _short(value) -> str:
 
 
 def _unique(name: str, taken: set[str]) -> str:
-    if name in ("self", "forward"):
-        name += "_"
-    base, i = name, 1
-    while name in taken:
-        i += 1
-        name = f"{base}_{i}"
-    taken.add(name)
-    return name
+    """unique_name, and never `self` or `forward` (the generated forward's own names)."""
+    return unique_name(name + "_" if name in ("self", "forward") else name, taken)
 
 
 def _positional_names(forward, count: int) -> list[str]:

@@ -144,6 +144,26 @@ class ModelProfile:
 _RANGE = "cudaforge.module:"
 
 
+def profiled_forwards(model, args, kwargs, device, repeat: int, label: str | None = None):
+    """One warm-up forward, then `repeat` forwards under torch.profiler (host, and CUDA on a GPU),
+    without autograd, each inside a range named `label` when one is given; the profiler."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.device(device).type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.no_grad():
+        model(*args, **kwargs)
+        _synchronize(device)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(repeat):
+                if label is None:
+                    model(*args, **kwargs)
+                    continue
+                with torch.autograd.profiler.record_function(label):
+                    model(*args, **kwargs)
+            _synchronize(device)
+    return prof
+
+
 def profile_model(model: nn.Module, example_inputs, *, repeat: int = 3) -> ModelProfile:
     """Profile `repeat` forwards (after one warm-up) with a torch.profiler range per module."""
     args, kwargs = split_inputs(example_inputs)
@@ -167,17 +187,8 @@ def profile_model(model: nn.Module, example_inputs, *, repeat: int = 3) -> Model
     for module in model.modules():
         handles.append(module.register_forward_pre_hook(enter))
         handles.append(module.register_forward_hook(leave))
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if on_gpu:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
     try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-            _synchronize(device)
-            with torch.profiler.profile(activities=activities) as prof:
-                for _ in range(repeat):
-                    model(*args, **kwargs)
-                _synchronize(device)
+        prof = profiled_forwards(model, args, kwargs, device, repeat)
     finally:
         for handle in handles:
             handle.remove()
