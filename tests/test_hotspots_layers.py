@@ -260,6 +260,53 @@ def test_swapped_kwargs_layer_matches_calls_by_their_template(decoder_search):
 # ---------------------------------------------------------------- the real classes
 
 
+class _RotaryFunction(nn.Module):
+    """A function wrapped in a module object at import and held by no model: the `kernels`
+    package does this to transformers' apply_rotary_pos_emb (transformers 5.25)."""
+
+    def forward(self, q, k, cos, sin):
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+APPLY_ROTARY = _RotaryFunction()
+
+
+class WrappedRopeAttention(KwargsAttention):
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
+        B, T, _ = hidden_states.shape
+        shape = (B, T, -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = APPLY_ROTARY(q, k, cos.unsqueeze(1), sin.unsqueeze(1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1)), None
+
+
+class WrappedRopeBlock(nn.Module):
+    def __init__(self, dim=64):
+        super().__init__()
+        self.rotary_emb = Rotary(dim // 4)
+        self.self_attn = WrappedRopeAttention(dim)
+
+    def forward(self, hidden):
+        positions = torch.arange(hidden.shape[1]).unsqueeze(0)
+        return self.self_attn(hidden, position_embeddings=self.rotary_emb(hidden, positions))[0]
+
+
+def test_a_module_the_model_does_not_hold_is_traced_through():
+    torch.manual_seed(0)
+    model, x = WrappedRopeBlock().eval(), torch.randn(2, 12, 64)
+    search = find_hotspots(model, (x,), min_share=0.0, max_hotspots=20)
+    assert not [s for s in search.skipped if "submodule" in s.reason], search.summary()
+    attention = next(h for h in search if "scaled_dot_product_attention" in h.label)
+    assert "cat" in attention.label and "neg" in attention.label  # the wrapped RoPE, inlined
+    assert reproduces(attention)
+    (layer,) = find_hotspots(model, (x,), min_share=0.0, targets=["WrappedRopeAttention"])
+    assert layer.kind == "layer" and reproduces(layer) and runs_standalone(layer)
+
+
 def _hf_models():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

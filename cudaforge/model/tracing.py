@@ -84,6 +84,18 @@ class ShapeTracer(fx.Tracer):
             return not (self.inline and is_stateless(m))
         return is_torch_leaf(m)
 
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        """A module the traced one does not hold is traced through, like a function: fx cannot
+        name it. Such modules are functions a library wrapped in a module object at import (the
+        `kernels` package, which transformers 5.25 installs, does so to Llama's
+        apply_rotary_pos_emb, and every Hugging Face attention layer calling it failed to trace
+        with "module is not installed as a submodule")."""
+        try:
+            self.path_of_module(m)
+        except NameError:
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _ShapedProxy(node, self)
 
