@@ -1,10 +1,11 @@
 """Benchmark: timings users can trust (issue 20). Every candidate is evaluated four times in one
 run, old rule and new rule alternating (old, new, old, new):
 
-- old: `timing_rule="fixed", cuda_graphs=False`: 100 runs of the candidate, then 100 of the
-  reference, eager (the rule before adaptive timing);
+- old: `timing_rule="fixed", cuda_graphs=False, host_ahead=False`: 100 runs of the candidate,
+  then 100 of the reference, eager (the rule before adaptive timing);
 - new: the defaults: runs interleaved A/B/B/A until the median's 95% interval is within 1%
-  (2 s per side at most, 20-250 runs), CUDA-graph replays for forwards under 50 us.
+  (2 s per side at most, 20-250 runs), each eager run queued behind a spin longer than the
+  host's time to issue it, CUDA-graph replays for forwards under 50 us.
 
 Candidates: the hand-written kernels of cudaforge/examples/ on their dev problems at small,
 middle and default sizes (18), and the last correct kernel an LLM wrote for each problem in the
@@ -47,7 +48,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from cudaforge.harness.problem import Problem
 
-OLD = {"timing_rule": "fixed", "cuda_graphs": False}
+OLD = {"timing_rule": "fixed", "cuda_graphs": False, "host_ahead": False}
 NEW = {"timing_rule": "adaptive"}  # the defaults on a GPU
 CPU_BYTES = 1 << 20  # --device cpu: problems shrunk to this, each timed against itself
 ORDER = ("old", "new", "old", "new")
@@ -171,6 +172,11 @@ def one_evaluation(pool, cand: Candidate, rule: str, trials: int, **more) -> dic
         "graph_stop": (t.get("candidate_graph") or {}).get("stop"),
         "graph_runs": (t.get("candidate_graph") or {}).get("runs"),
         "settled": t.get("settled"), "retimed": t.get("retimed"),
+        # the GPU's busy time (CUPTI) against the event time, and the host's time to issue
+        "cupti_busy_ms": t.get("cupti_busy_ms"), "host_ms": t.get("candidate_host_ms"),
+        "reference_cupti_busy_ms": t.get("reference_cupti_busy_ms"),
+        "reference_host_ms": t.get("reference_host_ms"),
+        "reference_eager_ms": (t.get("reference_eager") or {}).get("median_ms"),
         # which processes had SM time during the evaluation (NVML), for a disturbed one
         "gpu_processes": activity.summary(), "gpu_activity": activity.unavailable or "sampled",
     }  # fmt: skip

@@ -56,6 +56,7 @@ class Evaluation:
         self.l2 = None
         self.harness_stream = None
         self.flush = None
+        self.warm_host_s: dict[str, float] = {}  # the host's time to issue a call, per side
         self.hooks = None
         self.candidate_module = None
         self.settings = None

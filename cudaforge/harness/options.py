@@ -59,6 +59,10 @@ class EvalOptions:
     # where both sides were captured (timing["speedup_basis"])
     cuda_graphs: bool = True
     graph_below_ms: float = 0.05
+    # queue every eager run behind a spin of 1.5x the host's time to issue it, so that the events
+    # time the GPU's work, not the host's (timed_sides.py); False: the GPU may wait for the host
+    # inside the events, as before (forwards slower to issue than to run then spread 10-40%)
+    host_ahead: bool = True
     # runs after the timed ones, traced by CUPTI (KERNEL records: kernels serialized and timed
     # without instrumenting them; the CONCURRENT_KERNEL kind instruments kernels before Blackwell,
     # which made a 0.21 ms kernel of 262k blocks read 9% longer on the H200); 0: no trace

@@ -29,6 +29,10 @@ from .stopping import StoppingRule, TimeSummary
 from .timed_sides import EagerSide
 from .tracer import _Tracer
 
+# torch.cuda._sleep spins for clock cycles: at 2 GHz, above the boost clocks of the GPUs this
+# runs on (H200: 1.98 GHz), a spin lasts at least the ns asked for
+SPIN_CYCLES_PER_NS = 2.0
+
 # memory bandwidth (bytes/s, datasheet) by device name: the floor no honest forward beats
 DATASHEET_BANDWIDTH = {
     "H200": 4.8e12,
@@ -55,6 +59,7 @@ class _Measurement:
     checked_events: list[float]  # event ms of the same runs
     traced: list[float] = field(default_factory=list)  # event ms of the traced runs
     summary: TimeSummary | None = None  # of `times`: median, interval, runs, why they stopped
+    host_ms: float | None = None  # median ms the host took to issue one timed forward
 
     @property
     def median(self) -> float:
@@ -169,6 +174,21 @@ class TimingPhases(GraphTiming):
         )
         if graph is not None:
             r.timing.update(candidate_graph=graph[0].to_dict(), reference_graph=graph[1].to_dict())
+        if self.cuda:
+            r.timing.update(
+                queued=("each eager run queued behind a spin of 1.5x the host's time to issue it: "
+                        "the events time the GPU's work, the host's is in *_host_ms")
+                if self.opts.host_ahead else "off (host_ahead=False): the GPU may wait for the host",
+                candidate_host_ms=cand.host_ms,
+                reference_host_ms=ref.host_ms,
+            )
+            gpu_ms = cand.summary.median_ms if cand.summary is not None else None
+            if cand.host_ms and gpu_ms and cand.host_ms > 1.5 * gpu_ms:
+                r.notes.append(
+                    f"the candidate's forward takes longer to issue ({cand.host_ms:.3g} ms of host "
+                    f"work) than to run ({gpu_ms:.3g} ms on the GPU): where the GPU waits for the "
+                    "host, its launches, not its kernels, set the pace"
+                )
 
     def input_set_count(self, sides: int = 1) -> int:
         """At most opts.input_sets buffers per side, fewer when they would not fit (a quarter of
@@ -188,9 +208,10 @@ class TimingPhases(GraphTiming):
         if self.flush.fallback:
             self.result.notes.append(f"L2 flush: {self.flush.fallback}")
 
-    def prepare_run(self, buffers: list, seed: int | None, index: int) -> None:
-        """Before a run, on the harness stream (outside the events): fresh values into the
-        buffers, then the L2 flush. The forward's stream waits for it."""
+    def prepare_run(self, buffers: list, seed: int | None, index: int, ahead_ns: int = 0) -> None:
+        """Before a run, on the harness stream (outside the events): a spin of `ahead_ns` (the
+        host issues the run meanwhile: timed_sides.py), fresh values into the buffers, then the
+        L2 flush. The forward's stream waits for it."""
         torch = self.torch
         if not self.cuda:
             if seed is not None:
@@ -200,6 +221,8 @@ class TimingPhases(GraphTiming):
         side = self.harness_stream
         side.wait_stream(main)
         with torch.cuda.stream(side):
+            if ahead_ns > 0:
+                torch.cuda._sleep(int(ahead_ns * SPIN_CYCLES_PER_NS))
             if seed is not None:
                 refill(buffers, self.problem.make_inputs(seed, self.device, self.ref_module))
             self.flush(index)
@@ -219,15 +242,20 @@ class TimingPhases(GraphTiming):
 
     def warm_up(self, model, who: str, buffers: list) -> float:
         """opts.warmup calls, and on a GPU at least opts.warmup_s of them (the clocks rise).
-        Seconds per call (wall clock, synchronized; 0 without a call)."""
+        Seconds per call (wall clock, synchronized; 0 without a call). The host's median time
+        to issue one call (not synchronized) goes to self.warm_host_s[who]."""
         opts, sets = self.opts, len(buffers)
         started, i = time.perf_counter(), 0
+        issue: list[float] = []
         while i < opts.warmup or (self.cuda and time.perf_counter() - started < opts.warmup_s):
+            called = time.perf_counter()
             self.call(model, buffers[i % sets], who)
+            issue.append(time.perf_counter() - called)
             i += 1
             if self.cuda and i % 64 == 0:
                 self.sync(who)  # time the GPU's work, not the queueing of it
         self.sync(who)
+        self.warm_host_s[who] = statistics.median(issue) if issue else 0.0
         return (time.perf_counter() - started) / i if i else 0.0
 
     def measure(self, model, who: str, sets: int, tracer, adaptive: bool = False) -> _Measurement:
@@ -238,7 +266,7 @@ class TimingPhases(GraphTiming):
             self.settings.apply()
         per_call = self.warm_up(model, who, buffers)
         seed = self.timed_seed(who, self.opts) + 1000
-        side = EagerSide(self, model, who, buffers, seed)
+        side = EagerSide(self, model, who, buffers, seed, host_s=self.warm_host_s.get(who, 0.0))
         if adaptive:
             rule = self.stopping_rule()
             (times,), (stop,) = time_interleaved([side], rule, block=block_for(per_call))
@@ -248,7 +276,7 @@ class TimingPhases(GraphTiming):
             summary = TimeSummary.of(times, "fixed")
         self.sync(who)
         m = self.traced_and_checked(model, who, buffers, seed + len(times), len(times), tracer)
-        m.times, m.summary = times, summary
+        m.times, m.summary, m.host_ms = times, summary, side.host_ms()
         return m
 
     def time_again(self, sets: int, tracer, cand: _Measurement, ref: _Measurement):
@@ -288,8 +316,8 @@ class TimingPhases(GraphTiming):
             seed = self.timed_seed(who, self.opts) + 1000
             # a fault found while waiting for either side's events is charged to the candidate:
             # the reference's forward ran these same operations in every trial
-            sides.append(EagerSide(self, model, who, buffers, seed, settings=True,
-                                   where="forward"))  # fmt: skip
+            sides.append(EagerSide(self, model, who, buffers, seed, settings=True, where="forward",
+                                   host_s=self.warm_host_s.get(who, 0.0)))  # fmt: skip
         rule = self.stopping_rule()
         times, stops = time_interleaved(sides, rule, block=block_for(per_round))
         self.sync("candidate")
@@ -298,7 +326,7 @@ class TimingPhases(GraphTiming):
         for side, t, stop in zip(sides, times, stops):
             m = self.traced_and_checked(side.model, side.who, side.buffers, side.seed + len(t),
                                         len(t), tracer)  # fmt: skip
-            m.times, m.summary = t, rule.summary(t, stop)
+            m.times, m.summary, m.host_ms = t, rule.summary(t, stop), side.host_ms()
             found.append(m)
         return found[0], found[1]
 
