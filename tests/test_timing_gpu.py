@@ -8,6 +8,7 @@ import pytest
 from test_evaluate_gpu import GOOD, RELU, compiled_candidate
 
 from cudaforge.harness.pool import WorkerPool
+from cudaforge.harness.problem import Problem
 from cudaforge.harness.ties import compare_results
 
 torch = pytest.importorskip("torch")
@@ -85,3 +86,51 @@ return y
     assert r.timing["graph"].startswith("not capturable: the candidate's forward"), r.timing
     assert r.timing["speedup_basis"] == "eager" and "candidate_graph" not in r.timing
     assert r.candidate_ms == r.timing["candidate_eager"]["median_ms"]
+
+
+LAUNCHY = Problem.from_source(
+    """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        for _ in range(30):
+            x = torch.relu(x - 0.01)
+        return x
+def get_inputs():
+    return [torch.randn(256, 1024)]
+def get_init_inputs():
+    return []
+""",
+    name="launchy_relu_chain",
+)
+
+LAUNCHY_KERNEL = compiled_candidate(
+    """
+for _ in range(30):
+    shifted = (x - 0.01).contiguous()
+    x = torch.empty_like(shifted)
+    mod.relu_kernel(blocks(x.numel()), (256,), (shifted, x, x.numel()))
+return x
+"""
+)
+
+
+def test_a_forward_slower_to_issue_than_to_run_is_timed_on_the_gpu(pool):
+    """60 launches of ~2 us kernels: the host takes longer to issue them than the GPU to run
+    them. Queued behind the spin, the events time the GPU's work (close to CUPTI's busy time)
+    and spread little; without it they time the host."""
+    ahead = pool.evaluate(LAUNCHY, LAUNCHY_KERNEL, trials=2, cuda_graphs=False)
+    behind = pool.evaluate(LAUNCHY, LAUNCHY_KERNEL, trials=2, cuda_graphs=False, host_ahead=False)
+    for r in (ahead, behind):
+        assert r.status == "ok", r.error
+        t = r.timing
+        print(f"\n{t['queued'][:40]}: candidate {r.candidate_ms:.4f} ms (spread "
+              f"{r.candidate_spread:.2%}, CUPTI busy {t['cupti_busy_ms']:.4f} ms, host "
+              f"{t['candidate_host_ms']}), reference {r.reference_ms:.4f} ms (spread "
+              f"{r.reference_spread:.2%}, busy {t['reference_cupti_busy_ms']:.4f} ms)")
+    t = ahead.timing
+    assert t["candidate_host_ms"] > t["cupti_busy_ms"]  # launch-bound, as meant
+    assert ahead.candidate_ms < 1.3 * t["cupti_busy_ms"]
+    assert ahead.reference_ms < 1.3 * t["reference_cupti_busy_ms"]
+    assert max(ahead.candidate_spread, ahead.reference_spread) < 0.02
+    assert behind.candidate_ms > ahead.candidate_ms
