@@ -8,7 +8,9 @@ prints the prompt files and exits 4; run it again once they are answered.
 
 With --measure (also while replies are pending: what is verified so far), per model, side by
 side in one process (medians of interleaved runs, CUDA events):
-- inference: eager, the optimized model, torch.compile(model), torch.compile(optimized);
+- inference: eager, the optimized model, torch.compile(model), torch.compile(optimized), and
+  torch.compile of a copy where cudaforge.choose_under_compile let the kernels that lose to
+  Inductor's own code for their hot spot step aside under compile;
 - GPT-2 also a training step (forward, backward, AdamW step; dropout off so the two agree): the
   model with the stored kernels applied by cudaforge.load(training=True) against eager, and the
   gradients of one step compared;
@@ -148,9 +150,17 @@ def run_model(name: str, args) -> dict:
     ms = time_side_by_side(fns, reps=args.reps)
     compiled = {}
     if device == "cuda" and not args.no_compile:
+        # a copy whose kernels that lose to Inductor's code for their hot spot step aside under
+        # compile (choosing resets dynamo: done before anything below is compiled)
+        began = time.perf_counter()
+        chosen = copy.deepcopy(optimized)
+        choices = cudaforge.choose_under_compile(chosen, say=print)
+        report["under_compile"] = [c.to_dict() for c in choices]
+        report["choose_s"] = time.perf_counter() - began
         began = time.perf_counter()
         compiled["compile"] = forward_of(torch.compile(model), inputs)
         compiled["compile(cudaforge)"] = forward_of(torch.compile(optimized), inputs)
+        compiled["compile(cudaforge, chosen)"] = forward_of(torch.compile(chosen), inputs)
         for fn in compiled.values():
             fn()
         report["compile_s"] = time.perf_counter() - began

@@ -290,3 +290,49 @@ def test_swapping_twice_is_refused_and_deepcopy_works(mlp):
     assert copied.handle != swaps(model)[0].handle
     assert copied.candidate.linear.weight is twin.fc2.weight
     assert isinstance(copied.site.module, nn.Linear) and copied.site.module is twin.fc2
+
+
+def _ops_under_compile(model, x):
+    """The call_function targets torch.compile's graph of model(x) holds, and its output."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend)(x)
+    torch._dynamo.reset()
+    return seen, out
+
+
+def test_a_kernel_that_loses_to_compile_steps_aside_under_compile_only():
+    from cudaforge.model.under_compile import choose_under_compile
+
+    model, x = build(Block, 2, 16, 64)
+    expected = model(x)
+    for hotspot in find_hotspots(model, (x,), min_share=0.0):
+        for site in hotspot.sites:
+            swap_in(site, same_as_reference(hotspot), hotspot.problem_source)
+    installed = swaps(model)
+    said = []
+    choices = choose_under_compile(model, backend="aot_eager", say=said.append)
+    assert [c.name for c in choices] == [s.name for s in installed] and len(said) == len(choices)
+    for choice, swap in zip(choices, installed):
+        assert choice.compiled_ms > 0 and choice.kernel_ms > 0
+        assert choice.under_compile == (choice.kernel_ms * 1.02 < choice.compiled_ms)
+        assert swap.under_compile == choice.under_compile
+    for swap in installed:
+        swap.under_compile = False
+    ops, out = _ops_under_compile(model, x)
+    assert "cudaforge.hotspot" not in " ".join(ops) and ops  # the originals, traced
+    torch.testing.assert_close(out, expected)
+    before = stats(model)
+    torch.testing.assert_close(model(x), expected)  # eager calls still take the kernels
+    assert sum(v["kernel_calls"] for v in stats(model).values()) > sum(
+        v["kernel_calls"] for v in before.values()
+    )
+    installed[0].under_compile = True
+    ops, out = _ops_under_compile(model, x)
+    assert " ".join(ops).count("cudaforge.hotspot") == 1
+    torch.testing.assert_close(out, expected)

@@ -135,6 +135,9 @@ class SwappedHotspot:
         self.stats = SwapStats()
         self.warned = False
         self.use_backward_kernel = False
+        # False: while torch.compile traces the model, the original code runs instead, for
+        # Inductor to fuse (under_compile.choose_under_compile decides)
+        self.under_compile = True
         self.check = SwapCheck()
         self.original_forward = None  # module/block: the forward it replaced
         self.previous = None  # module/block: an instance forward that was there before
@@ -177,7 +180,7 @@ class SwappedHotspot:
         return self.original_forward(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        if bypassing():
+        if bypassing() or (not self.under_compile and torch.compiler.is_compiling()):
             return self.original(*args, **kwargs)
         if self.enabled and not torch.compiler.is_compiling():
             # eager fast path: the verified call, no autograd wanted, the candidate called directly
