@@ -222,18 +222,25 @@ def render(args) -> int:
     from cudaforge.agents.loop import run_loop
     from cudaforge.agents.resume import RecordedRun
 
+    class NeedsGpu(Exception):
+        pass
+
     def no_evaluation(problem_source, candidate_source):
-        raise RuntimeError("--render evaluates nothing; run without it on a GPU")
+        raise NeedsGpu  # a candidate to evaluate: the next GPU run does it
 
     waiting = []
     for path in sorted(Path(args.out).glob("*/transcripts/*.jsonl")):
         recorded = RecordedRun.read(path)
         if recorded is None:
             continue
-        loop = run_loop(
-            recorded.start["problem_source"], no_evaluation, coder=args.llm, rounds=args.rounds,
-            transcript=path, name=recorded.start["problem"],
-        )  # fmt: skip
+        try:
+            loop = run_loop(
+                recorded.start["problem_source"], no_evaluation, coder=args.llm,
+                rounds=args.rounds, transcript=path, name=recorded.start["problem"],
+            )  # fmt: skip
+        except NeedsGpu:
+            print(f"{path.parent.parent.name}/{path.stem}: needs_gpu (a new candidate)", flush=True)
+            continue
         print(f"{path.parent.parent.name}/{path.stem}: {loop.stop_reason}", flush=True)
         waiting += loop.waiting_for
     for prompt in waiting:
