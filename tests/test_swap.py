@@ -233,12 +233,19 @@ def test_opcheck(mlp):
     assert set(result.values()) == {"SUCCESS"}, result
 
 
-def test_torch_compile_and_export():
+def block_with_every_hotspot_swapped():
+    """A Block with each hot spot's every site swapped for its own reference code, its input
+    and its output before the swaps."""
     model, x = build(Block, 2, 16, 64)
     expected = model(x)
     for hotspot in find_hotspots(model, (x,), min_share=0.0):
         for site in hotspot.sites:
             swap_in(site, same_as_reference(hotspot), hotspot.problem_source)
+    return model, x, expected
+
+
+def test_torch_compile_and_export():
+    model, x, expected = block_with_every_hotspot_swapped()
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), expected)
     exported = torch.export.export(model, (x,))
@@ -309,11 +316,7 @@ def _ops_under_compile(model, x):
 def test_a_kernel_that_loses_to_compile_steps_aside_under_compile_only():
     from cudaforge.model.under_compile import choose_under_compile
 
-    model, x = build(Block, 2, 16, 64)
-    expected = model(x)
-    for hotspot in find_hotspots(model, (x,), min_share=0.0):
-        for site in hotspot.sites:
-            swap_in(site, same_as_reference(hotspot), hotspot.problem_source)
+    model, x, expected = block_with_every_hotspot_swapped()
     installed = swaps(model)
     said = []
     choices = choose_under_compile(model, backend="aot_eager", say=said.append)
