@@ -318,10 +318,16 @@ def test_a_kernel_that_loses_to_compile_steps_aside_under_compile_only():
 
     model, x, expected = block_with_every_hotspot_swapped()
     installed = swaps(model)
+    for swap in installed:
+        swap.site.release()  # as optimize() leaves them: no captured inputs
     said = []
     choices = choose_under_compile(model, backend="aot_eager", say=said.append)
-    assert [c.name for c in choices] == [s.name for s in installed] and len(said) == len(choices)
-    for choice, swap in zip(choices, installed):
+    # one choice per hot spot: the two LayerNorms are one problem with one kernel
+    assert len(choices) == len(installed) - 1 and len(said) == len(choices)
+    assert sum(c.sites for c in choices) == len(installed)
+    by_name = {c.name: c for c in choices}
+    for swap in installed:
+        choice = by_name.get(swap.name) or by_name["ln_1: LayerNorm"]
         assert choice.compiled_ms > 0 and choice.kernel_ms > 0
         assert choice.under_compile == (choice.kernel_ms * 1.02 < choice.compiled_ms)
         assert swap.under_compile == choice.under_compile

@@ -32,6 +32,7 @@ class CompileChoice:
     compiled_ms: float | None  # torch.compile of the original, on the captured inputs
     under_compile: bool
     reason: str = ""
+    sites: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,22 +48,29 @@ def choose_under_compile(
     """For every swapped hot spot of `model`: its kernel's time against its original's under
     torch.compile(backend=...), and whether the kernel stays in when the model is compiled
     (faster by `margin`). A hot spot whose original fails to compile keeps its kernel."""
+    groups: dict[tuple[str, str], list] = {}
+    for swap in swaps(model):  # the sites of one hot spot share its kernel: chosen once
+        groups.setdefault((swap.problem_source, swap.source), []).append(swap)
     choices = []
-    for swap in swaps(model):
-        choice = _choose(swap, margin, backend)
+    for group in groups.values():
+        choice = _choose(group[0], margin, backend)
+        choice.sites = len(group)
+        for swap in group:
+            swap.under_compile = choice.under_compile
         choices.append(choice)
         if say is not None:
             compiled_text = "n/a" if choice.compiled_ms is None else f"{choice.compiled_ms:.4g} ms"
-            say(f"cudaforge: {swap.name}: kernel {choice.kernel_ms:.4g} ms, torch.compile of the "
+            say(f"cudaforge: {choice.name}: kernel {choice.kernel_ms:.4g} ms, torch.compile of the "
                 f"original {compiled_text}: {'kept' if choice.under_compile else 'steps aside'} "
-                "under torch.compile")  # fmt: skip
+                f"under torch.compile{'' if choice.under_compile else ' (' + choice.reason + ')'}")
     return choices
 
 
 def _choose(swap, margin: float, backend: str) -> CompileChoice:
     site = swap.site
     device = site.inputs[0].device if site.inputs else torch.device("cpu")
-    inputs, tensors = list(site.inputs), list(site.tensors)
+    # optimize() drops the captured inputs once a swap is in (Site.release): random ones then
+    inputs, tensors = list(site.inputs) or _inputs_like(site.input_specs), list(site.tensors)
     swap.under_compile = False  # dynamo traces the original while this compiles it
     torch._dynamo.reset()
     compiled = torch.compile(lambda *xs: site.run_original(list(xs)), backend=backend,
@@ -83,6 +91,21 @@ def _choose(swap, margin: float, backend: str) -> CompileChoice:
     swap.under_compile = keep
     reason = "" if keep else "torch.compile of the original code is as fast or faster"
     return CompileChoice(swap.name, kernel_ms, compiled_ms, keep, reason)
+
+
+def _inputs_like(specs) -> list[torch.Tensor]:
+    """Random tensors of the verified shapes, dtypes, devices and strides (integers: zeros)."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    found = []
+    for spec in specs:
+        if spec.dtype.is_floating_point:
+            values = torch.randn(spec.shape, generator=generator).to(spec.dtype)
+        else:
+            values = torch.zeros(spec.shape, dtype=spec.dtype)
+        stride = spec.stride if not spec.contiguous else values.contiguous().stride()
+        tensor = torch.empty_strided(spec.shape, stride, dtype=spec.dtype, device=spec.device)
+        found.append(tensor.copy_(values))
+    return found
 
 
 __all__ = ["CompileChoice", "choose_under_compile"]
