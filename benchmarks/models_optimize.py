@@ -243,6 +243,34 @@ def measure_training(name: str, device, store, args) -> dict:
     return report
 
 
+def compile_check(name: str, args) -> dict:
+    """The stored kernels applied by load(), cudaforge.choose_under_compile, then
+    torch.compile(model) against torch.compile of the model with the chosen kernels, side by
+    side: compile plus cudaforge against compile alone, with no LLM and no search beyond load's."""
+    device = "cuda"
+    model, inputs = build(name, device)
+    began = time.perf_counter()
+    loaded = cudaforge.load(copy.deepcopy(model), inputs, store=Path(args.out) / "store.sqlite3",
+                            max_hotspots=args.max_hotspots, min_share=args.min_share)  # fmt: skip
+    report = {"model": name, "load_s": time.perf_counter() - began,
+              "swapped": [h.name for h in loaded.swapped]}  # fmt: skip
+    began = time.perf_counter()
+    choices = cudaforge.choose_under_compile(loaded.model, say=print)
+    report["under_compile"] = [c.to_dict() for c in choices]
+    report["choose_s"] = time.perf_counter() - began
+    fns = {
+        "compile": forward_of(torch.compile(model), inputs),
+        "compile(cudaforge, chosen)": forward_of(torch.compile(loaded.model), inputs),
+    }
+    for fn in fns.values():
+        fn()
+    report["end_to_end_ms"] = time_side_by_side(fns, reps=args.reps)
+    report["gpu_and_host_ms"] = gpu_and_host(fns)
+    print(f"== {name} under torch.compile: {report['end_to_end_ms']}; GPU / host: "
+          f"{report['gpu_and_host_ms']}", flush=True)  # fmt: skip
+    return report
+
+
 def render(args) -> int:
     """Resume every hot-spot transcript on this machine until its next prompts are written."""
     from cudaforge.agents.loop import run_loop
@@ -290,12 +318,21 @@ def main(argv=None) -> int:
     parser.add_argument("--no-load", action="store_true", help="skip timing load() of a copy")
     parser.add_argument("--render", action="store_true", help="write the next prompts (CPU)")
     parser.add_argument("--small", action="store_true", help="tiny configurations (CPU smoke)")
+    parser.add_argument("--compile-check", action="store_true",
+                        help="only: load() the stored kernels, choose_under_compile, and time "
+                        "torch.compile with and without them (GPU)")  # fmt: skip
     args = parser.parse_args(argv)
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         parser.error(f"no model {', '.join(unknown)}; models: {', '.join(MODELS)}")
     if args.render:
         return render(args)
+    if args.compile_check:
+        for name in args.models or ("gpt2",):
+            report = compile_check(name, args)
+            path = Path(args.out) / f"{name}-compile-check.json"
+            path.write_text(json.dumps(report, indent=2, default=str))
+        return 0
     Path(args.out).mkdir(parents=True, exist_ok=True)
     reports, waiting = [], 0
     for name in args.models or ("gpt2", "resnet50"):
