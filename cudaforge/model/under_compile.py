@@ -68,9 +68,11 @@ def choose_under_compile(
 
 def _choose(swap, margin: float, backend: str) -> CompileChoice:
     site = swap.site
-    device = site.inputs[0].device if site.inputs else torch.device("cpu")
     # optimize() drops the captured inputs once a swap is in (Site.release): random ones then
     inputs, tensors = list(site.inputs) or _inputs_like(site.input_specs), list(site.tensors)
+    # the device the hot spot runs on (from the inputs as made here: a released site has none;
+    # taking the CPU for it timed a GPU kernel's launch, not its run)
+    device = next((t.device for t in inputs + tensors), torch.device("cpu"))
     swap.under_compile = False  # dynamo traces the original while this compiles it
     torch._dynamo.reset()
     compiled = torch.compile(lambda *xs: site.run_original(list(xs)), backend=backend,
