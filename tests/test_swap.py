@@ -345,3 +345,26 @@ def test_a_kernel_that_loses_to_compile_steps_aside_under_compile_only():
     ops, out = _ops_under_compile(model, x)
     assert " ".join(ops).count("cudaforge.hotspot") == 1
     torch.testing.assert_close(out, expected)
+
+
+def test_a_channels_last_output_keeps_its_layout():
+    """The swapped op's outputs are laid out as the original's: a channels_last conv chain's
+    output stays channels_last (forcing it contiguous copied it and slowed every layer after
+    it), eagerly and under torch.compile (the fake outputs agree)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()).eval()
+    model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 8, 12, 12).to(memory_format=torch.channels_last)
+    expected = model(x)
+    assert expected.is_contiguous(memory_format=torch.channels_last)
+    search = find_hotspots(model, (x,), min_share=0.0)
+    chain = next(h for h in search if "Conv2d" in h.label and "ReLU" in h.label)
+    swap = swap_in(chain.sites[0], same_as_reference(chain), chain.problem_source)
+    out = model(x)
+    assert swap.stats.kernel_calls > 0
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    torch.testing.assert_close(out, expected)
+    ops, compiled_out = _ops_under_compile(model, x)
+    assert "cudaforge.hotspot" in " ".join(ops)
+    torch.testing.assert_close(compiled_out, expected)
+    assert compiled_out.stride() == expected.stride()

@@ -268,10 +268,7 @@ class SwappedHotspot:
         if self.candidate is None:
             self.run_kernel(list(inputs), self.bound)  # builds it (a deep copy's first call)
         output = self.candidate(*inputs)
-        if isinstance(output, Tensor):
-            outputs = [output if output.is_contiguous() else output.contiguous()]
-        else:
-            outputs = [o if o.is_contiguous() else o.contiguous() for o in output]
+        outputs = self._laid_out([output] if isinstance(output, Tensor) else list(output))
         self.stats.kernel_calls += 1
         every = self.verify_every
         shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
@@ -323,7 +320,8 @@ class SwappedHotspot:
             )
 
     def run_kernel(self, inputs: list[Tensor], tensors: list[Tensor]) -> list[Tensor]:
-        """The candidate on these inputs and parameters -> contiguous output tensors."""
+        """The candidate on these inputs and parameters -> output tensors laid out as the
+        original's (_laid_out)."""
         candidate = self.candidate
         if candidate is None:
             candidate = self.candidate = build_candidate(
@@ -336,8 +334,26 @@ class SwappedHotspot:
         else:
             swapped = dict(zip(self.site.problem_keys, tensors))
             output = torch.func.functional_call(candidate, swapped, tuple(inputs), strict=False)
-        outputs = [output] if isinstance(output, Tensor) else list(output)
-        return [o if o.is_contiguous() else o.contiguous() for o in outputs]
+        return self._laid_out([output] if isinstance(output, Tensor) else list(output))
+
+    def _laid_out(self, outputs: list[Tensor]) -> list[Tensor]:
+        """Each output in the memory layout of the original's (output_layout): a channels_last
+        output stays channels_last. Forcing every output contiguous copied a ResNet chain's
+        64x256x56x56 output on the H200 (its kernel read 0.41 ms in the model against 0.07 ms
+        in the worker) and handed NCHW tensors to the layers after it."""
+        specs = self.site.output_specs
+        laid = []
+        for i, o in enumerate(outputs):
+            spec = specs[i] if i < len(specs) else None
+            want = output_layout(spec) if spec is not None and tuple(o.shape) == spec.shape else None
+            if want is None:
+                laid.append(o if o.is_contiguous() else o.contiguous())
+            elif o.stride() == want:
+                laid.append(o)
+            else:
+                laid.append(torch.empty_strided(o.shape, want, dtype=o.dtype,
+                                                device=o.device).copy_(o))  # fmt: skip
+        return laid
 
     def _shadow_check(self, inputs, tensors, outputs) -> bool:
         with torch.no_grad(), bypassed():
@@ -413,6 +429,14 @@ class SwappedHotspot:
                 del module.__dict__["forward"]
             else:
                 object.__setattr__(module, "forward", self.previous)
+
+
+def output_layout(spec) -> tuple[int, ...]:
+    """The strides an output like the original's gets: the original's own where they are dense
+    and non-overlapping (channels_last, say), else contiguous (torch.empty_like's
+    preserve_format rule, which the custom op's fake outputs follow too)."""
+    meta = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
+    return tuple(torch.empty_like(meta).stride())
 
 
 def _device_index(device: torch.device) -> int | None:
