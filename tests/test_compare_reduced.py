@@ -54,6 +54,21 @@ def test_lower_precision_fails_where_the_table_alone_passes():
     assert not found.ok and "less precise" in found.message
 
 
+def test_wrong_values_are_called_wrong_and_counted():
+    """A bf16 output that is wrong, not imprecise (a tenth of its rows from another product),
+    reads "wrong values" with the count of elements past the bound; a precision shortfall
+    keeps its own wording and counts more than one element too."""
+    a, b, ref, ref32 = _matmul_case()
+    options = Tolerances()
+    wrong = ref.clone()
+    wrong[:13] = (a[:13].flip(1).float() @ b.float()).bfloat16()
+    found = reduced_precision_difference(wrong, ref, ref32, options)
+    assert not found.ok and found.message.startswith("wrong values: ")
+    assert found.mismatches > 13 * 64 and f"{found.mismatches} of {ref.numel()}" in found.message
+    imprecise = reduced_precision_difference(_bf16_accumulation(a, b), ref, ref32, options)
+    assert imprecise.message.startswith("less precise") and imprecise.mismatches > 1
+
+
 def test_as_accurate_as_pytorch_passes():
     a, b, ref, ref32 = _matmul_case()
     options = Tolerances()

@@ -306,6 +306,10 @@ def _has_fp32_counterpart(e, e32, options) -> bool:
     )
 
 
+# an rms error this many times the allowed one is wrong values, not a precision shortfall
+GROSS = 10.0
+
+
 def reduced_precision_difference(
     actual, expected, expected32, options: EvalOptions | Tolerances, chunk: int = 1 << 24
 ) -> TensorDifference:
@@ -373,7 +377,13 @@ def reduced_precision_difference(
         return found
     dtype = dtype_name(expected.dtype)
     flat = max(worst[1], 0)
-    found.mismatches = special_bad + nonfinite + (1 if too_far else 0)
+    beyond = 0  # elements whose error against fp32 is past the allowed largest error
+    if too_far:
+        for lo in range(0, n, chunk):
+            a = a_flat[lo : lo + chunk].double()
+            r = r_flat[lo : lo + chunk].double()
+            beyond += int(((a - r).abs() > bound_max).sum())
+    found.mismatches = special_bad + nonfinite + max(beyond, 1 if too_far else 0)
     found.worst_index = _unravel(flat, tuple(expected.shape)) if expected.dim() else []
     found.expected, found.actual = _num(r_flat[flat].item()), _num(a_flat[flat].item())
     if special_bad or nonfinite:
@@ -382,8 +392,20 @@ def reduced_precision_difference(
             "finite, or differ from the reference's NaN/Inf"
         )
         return found
+    if rms["cand"] > GROSS * bound_rms:
+        found.message = (
+            f"wrong values: {beyond} of {n} elements are further from an fp32 run of the "
+            f"reference than PyTorch's own {dtype} result allows (max error {peaks['cand']:.3g}, "
+            f"rms {rms['cand']:.3g}, relative L2 {found.rel_l2_err:.3g}; allowed max "
+            f"{bound_max:.3g}, rms {bound_rms:.3g}: {multiple:g}x the {dtype} reference's own "
+            f"error + {floor_ulps:g} ulp). Worst at {found.worst_index}: fp32 reference "
+            f"{r_flat[flat].item():.6g}, {dtype} reference {e_flat[flat].item():.6g}, got "
+            f"{a_flat[flat].item():.6g}"
+        )
+        return found
     found.message = (
-        f"less precise than PyTorch's own {dtype} result: its error against an fp32 run of the "
+        f"less precise than PyTorch's own {dtype} result ({beyond} of {n} elements past the "
+        f"allowed largest error): its error against an fp32 run of the "
         f"reference is max {peaks['cand']:.3g}, rms {rms['cand']:.3g}, where the {dtype} "
         f"reference's own error is max {peaks['ref']:.3g}, rms {rms['ref']:.3g}; allowed "
         f"{multiple:g}x that + {floor_ulps:g} ulp at the output's scale (max {bound_max:.3g}, "
