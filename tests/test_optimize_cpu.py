@@ -185,6 +185,13 @@ def test_load_reapplies_from_the_store_without_any_llm(net, pool, tmp_path, monk
     assert gelu.worker_result["status"] == "ok"  # re-verified in a worker first
     torch.testing.assert_close(loaded.model(x), fresh(x), rtol=1e-4, atol=1e-4)
     assert "from the store" in loaded.report() and loaded.mode == "load"
+    # where load()'s time went, phase by phase, adding up to no more than the whole
+    phases = loaded.phase_seconds
+    assert list(phases) == ["search", "reference", "kernels", "swap", "end_to_end"]
+    assert all(v >= 0 for v in phases.values()) and phases["kernels"] > 0
+    assert sum(phases.values()) <= loaded.seconds + 1e-6
+    assert loaded.to_dict()["phase_seconds"] == phases
+    assert f"(search {phases['search']:.1f} s, reference" in loaded.report()
     # a kernel that no longer passes is skipped, not used
     with sqlite3.connect(store.path) as conn:
         conn.execute("UPDATE kernels SET source = replace(source, '0.5 * x', '0.7 * x')")

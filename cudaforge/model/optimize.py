@@ -44,7 +44,7 @@ from ..errors import CudaforgeError
 from ..harness.results import EvalResult
 from ..reporting.formatting import times
 from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot, find_hotspots
-from .outcomes import HotspotOutcome, OptimizeResult
+from .outcomes import HotspotOutcome, OptimizeResult, PhaseClock
 from .store import KernelStore
 from .swap import restore, swap_in, swaps
 from .swap_compare import compare, model_in_fp32
@@ -434,11 +434,13 @@ class _Run:
         if swaps(self.model):  # kernels from an earlier run: start from the original code
             restore(self.model)
         self.progress.say(f"{self.mode}: profiling {type(self.model).__name__} on {self.device}")
+        mark = PhaseClock()
         search = find_hotspots(
             self.model, (*self.args,) if not self.kwargs else self.kwargs, targets=self.targets,
             min_share=self.min_share, max_hotspots=self.max_hotspots,
         )  # fmt: skip
         hotspots = list(search)
+        mark("search")
         for hotspot in hotspots:
             self.outcomes[hotspot.name] = HotspotOutcome(
                 name=hotspot.name, kind=hotspot.kind, label=hotspot.label,
@@ -453,6 +455,7 @@ class _Run:
         expected = self.forward()
         expected32 = self.forward32()
         before_ms = self.time_model()
+        mark("reference")
         if self.pool is None and self._evaluate is None:
             from ..harness.pool import default_pool
 
@@ -462,7 +465,9 @@ class _Run:
             self.forge_all(hotspots, agent_options)
         finally:
             self.progress.close()
+        mark("kernels")
         self.swap_all(hotspots)
+        mark("swap")
         after_ms = before_ms
         max_abs_err, match = 0.0, True
         if swaps(self.model):
@@ -481,6 +486,7 @@ class _Run:
                 after_ms = self.keep_what_speeds_up(before_ms, after_ms)
         for swap in swaps(self.model):
             swap.site.release()
+        mark("end_to_end")
         result = OptimizeResult(
             model=self.model,
             hotspots=[self.outcomes[h.name] for h in hotspots],
@@ -498,6 +504,7 @@ class _Run:
             training=self.training,
             mode=self.mode,
             profile=search.profile.table(8),
+            phase_seconds=mark.phases,
         )
         speedup = f"{result.speedup:.2f}x" if result.speedup else "n/a"
         self.progress.say(

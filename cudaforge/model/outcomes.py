@@ -5,6 +5,7 @@ evidence for its kernel). Both are plain data (`to_dict()`); the result reads as
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -59,6 +60,18 @@ class HotspotOutcome:
         return {**asdict(self), "speedup": self.speedup}
 
 
+class PhaseClock:
+    """clock(name): the seconds since the last call (or since made) become phase `name`."""
+
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+        self.last = time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name], self.last = now - self.last, now
+
+
 @dataclass
 class OptimizeResult:
     """What optimize() or apply_stored() did. `model` is the optimized model (the copy, or the model
@@ -81,6 +94,10 @@ class OptimizeResult:
     training: bool = False
     mode: str = "optimize"
     profile: str = ""  # where the forward spent its time before (torch.profiler, per module/op)
+    # s per phase: search (profile, trace, check the hot spots), reference (the model's outputs
+    # and time before), kernels (agents or store, the worker evaluations), swap (in-process
+    # checks and timing), end_to_end (the model with its kernels checked and timed)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float | None:

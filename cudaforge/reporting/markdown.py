@@ -87,8 +87,11 @@ def optimize_text(result) -> str:
     lines.append(
         f"cost: ${result.cost_usd:.2f} over {sum(h.llm_calls for h in result.hotspots)} LLM "
         f"calls; {result.seconds:.1f} s"
+        + (" (" + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s"
+                            for k, v in result.phase_seconds.items()) + ")"
+           if result.phase_seconds else "")
         + (f"; kernels stored in {result.store}" if result.store else "")
-    )
+    )  # fmt: skip
     if result.waiting_for:
         lines.append(
             f"waiting for {len(result.waiting_for)} reply file(s) (file: provider, wait=0); "
