@@ -78,3 +78,21 @@ def test_no_spin_on_a_cpu():
     ms = side.read(side.queue(0))
     assert run.spins == [0] and ms >= 0.0
     assert side.host_ms() is None
+
+
+def test_graph_replays_are_queued_behind_the_spin_too_and_host_ahead_false_turns_it_off():
+    from cudaforge.harness.timed_sides import GraphSide
+
+    run = _Run(host_s=0.0)
+    captured = SimpleNamespace(inputs=[], graph=SimpleNamespace(replay=lambda: time.sleep(0.001)))
+    side = GraphSide(run, captured, "reference", seed=0)
+    for i in range(3):
+        side.read(side.queue(i))
+    assert run.spins[0] == timed_sides.AHEAD_MAX_NS // 5
+    assert all(spin >= 1.5 * 1_000_000 for spin in run.spins[1:])  # the 1 ms launch, covered
+    assert side.host_ms() >= 1.0
+    run.opts.host_ahead = False
+    eager = EagerSide(run, model=None, who="candidate", buffers=[[]], seed=0)
+    eager.queue(0)
+    side.queue(3)
+    assert run.spins[-2:] == [0, 0]

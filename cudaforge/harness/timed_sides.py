@@ -1,7 +1,7 @@
 """The sides that interleave.py's drivers time, in an evaluation: one model's eager forwards, or
 the replays of its CUDA graph. Before every run, on the harness stream and outside the CUDA
-events: the persisting-L2 check, a spin that keeps the GPU busy while the host issues the run
-(eager sides), fresh values into the input buffers, the L2 flush; then the forward (or the
+events: the persisting-L2 check, a spin that keeps the GPU busy while the host issues the run,
+fresh values into the input buffers, the L2 flush; then the forward (or the
 replay) between two CUDA events, read once the end event has completed. On a CPU a run is timed
 by the wall clock as it runs.
 
@@ -25,7 +25,33 @@ AHEAD_MAX_NS = 5_000_000  # at most (a forward that syncs inside is host-timed r
 AHEAD_RECENT = 8  # the spin follows the slowest of this many recent issues
 
 
-class EagerSide:
+class _HostAhead:
+    """What a side knows of the host's time to issue its runs, and the spin that follows it."""
+
+    def __init__(self, host_s: float = 0.0):
+        # ns the host took to issue each run (prepare + forward), and to issue the forward alone
+        self.issue_ns: list[int] = [int(host_s * 1e9)] if host_s > 0 else []
+        self.forward_ns: list[int] = []
+
+    def ahead_ns(self) -> int:
+        """The spin before the next run (module docstring); 0 with host_ahead=False."""
+        if not getattr(self.run.opts, "host_ahead", True):
+            return 0
+        if not self.issue_ns:
+            return AHEAD_MAX_NS // 5
+        slowest = max(self.issue_ns[-AHEAD_RECENT:])
+        return int(min(AHEAD_MAX_NS, AHEAD_FACTOR * slowest + AHEAD_MARGIN_NS))
+
+    def host_ms(self) -> float | None:
+        """Median ms the host took to issue one forward (its Python and launches)."""
+        return statistics.median(self.forward_ns) / 1e6 if self.forward_ns else None
+
+    def issued(self, issued: int, called: int, done: int) -> None:
+        self.forward_ns.append(done - called)
+        self.issue_ns.append(done - issued)
+
+
+class EagerSide(_HostAhead):
     """Runs of `model` on `buffers` (rotating), run i filling its buffer with values from
     seed + i + 1 and flushing with index first + i. `settings`: put the harness's torch settings
     back before every run (interleaved sides: what one side changes must not reach the other)."""
@@ -42,20 +68,7 @@ class EagerSide:
         self.settings = settings
         # whose fault a failure found while waiting is (see Evaluation.fail_from_exception)
         self.where = where or ("forward" if who == "candidate" else who)
-        # ns the host took to issue each run (prepare + forward), and to issue the forward alone
-        self.issue_ns: list[int] = [int(host_s * 1e9)] if host_s > 0 else []
-        self.forward_ns: list[int] = []
-
-    def ahead_ns(self) -> int:
-        """The spin before the next run (module docstring)."""
-        if not self.issue_ns:
-            return AHEAD_MAX_NS // 5
-        slowest = max(self.issue_ns[-AHEAD_RECENT:])
-        return int(min(AHEAD_MAX_NS, AHEAD_FACTOR * slowest + AHEAD_MARGIN_NS))
-
-    def host_ms(self) -> float | None:
-        """Median ms the host took to issue one forward (its Python and launches)."""
-        return statistics.median(self.forward_ns) / 1e6 if self.forward_ns else None
+        super().__init__(host_s)
 
     def queue(self, index: int) -> Any:
         run = self.run
@@ -72,27 +85,28 @@ class EagerSide:
             out = run.call(self.model, self.buffers[k], self.who)
             del out
             return (time.perf_counter_ns() - started) / 1e6
-        ahead = self.ahead_ns() if getattr(run.opts, "host_ahead", True) else 0
-        run.prepare_run(self.buffers[k], fresh, self.first + index, ahead_ns=ahead)
+        run.prepare_run(self.buffers[k], fresh, self.first + index, ahead_ns=self.ahead_ns())
         start, end = _events(run.torch)
         start.record()
         called = time.perf_counter_ns()
         out = run.call(self.model, self.buffers[k], self.who)
         end.record()
-        done = time.perf_counter_ns()
         del out
-        self.forward_ns.append(done - called)
-        self.issue_ns.append(done - issued)
+        self.issued(issued, called, time.perf_counter_ns())
         return start, end
 
     def read(self, handle: Any) -> float:
         return _read(self.run, handle, self.where)
 
 
-class GraphSide:
-    """Replays of a CapturedForward (graphs.py), its static inputs refilled before each."""
+class GraphSide(_HostAhead):
+    """Replays of a CapturedForward (graphs.py), its static inputs refilled before each. The
+    spin covers the replay's launch too: on an idle GPU the start event runs at once and the
+    few us the host takes to launch the graph fell inside the window (a 10 us forward's replays
+    spread 9-60% on the H200)."""
 
     def __init__(self, run, captured, who: str, seed: int, first: int = 0):
+        super().__init__()
         self.run = run
         self.captured = captured
         self.who = who
@@ -103,11 +117,15 @@ class GraphSide:
         run = self.run
         run.check_l2()
         fresh = self.seed + index + 1 if run.opts.fresh_inputs else None
-        run.prepare_run(self.captured.inputs, fresh, self.first + index)
+        issued = time.perf_counter_ns()
+        run.prepare_run(self.captured.inputs, fresh, self.first + index,
+                        ahead_ns=self.ahead_ns())  # fmt: skip
         start, end = _events(run.torch)
         start.record()
+        called = time.perf_counter_ns()
         self.captured.graph.replay()
         end.record()
+        self.issued(issued, called, time.perf_counter_ns())
         return start, end
 
     def read(self, handle: Any) -> float:

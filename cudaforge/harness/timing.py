@@ -176,8 +176,9 @@ class TimingPhases(GraphTiming):
             r.timing.update(candidate_graph=graph[0].to_dict(), reference_graph=graph[1].to_dict())
         if self.cuda:
             r.timing.update(
-                queued=("each eager run queued behind a spin of 1.5x the host's time to issue it: "
-                        "the events time the GPU's work, the host's is in *_host_ms")
+                queued=("each run (eager or graph replay) queued behind a spin of 1.5x the "
+                        "host's time to issue it: the events time the GPU's work, the host's is "
+                        "in *_host_ms")
                 if self.opts.host_ahead else "off (host_ahead=False): the GPU may wait for the host",
                 candidate_host_ms=cand.host_ms,
                 reference_host_ms=ref.host_ms,
