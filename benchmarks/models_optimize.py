@@ -174,11 +174,8 @@ def run_model(name: str, args) -> dict:
     if device == "cuda" and not args.no_compile:
         # a copy whose kernels that lose to Inductor's code for their hot spot step aside under
         # compile (choosing resets dynamo: done before anything below is compiled)
-        began = time.perf_counter()
         chosen = copy.deepcopy(optimized)
-        choices = cudaforge.choose_under_compile(chosen, say=print)
-        report["under_compile"] = [c.to_dict() for c in choices]
-        report["choose_s"] = time.perf_counter() - began
+        choose_under_compile(chosen, report)
         began = time.perf_counter()
         compiled["compile"] = forward_of(torch.compile(model), inputs)
         compiled["compile(cudaforge)"] = forward_of(torch.compile(optimized), inputs)
@@ -243,6 +240,14 @@ def measure_training(name: str, device, store, args) -> dict:
     return report
 
 
+def choose_under_compile(model, report: dict) -> None:
+    """cudaforge.choose_under_compile on `model`, its rows and seconds into `report`."""
+    began = time.perf_counter()
+    choices = cudaforge.choose_under_compile(model, say=print)
+    report["under_compile"] = [c.to_dict() for c in choices]
+    report["choose_s"] = time.perf_counter() - began
+
+
 def compile_check(name: str, args) -> dict:
     """The stored kernels applied by load(), cudaforge.choose_under_compile, then
     torch.compile(model) against torch.compile of the model with the chosen kernels, side by
@@ -254,10 +259,7 @@ def compile_check(name: str, args) -> dict:
                             max_hotspots=args.max_hotspots, min_share=args.min_share)  # fmt: skip
     report = {"model": name, "load_s": time.perf_counter() - began,
               "swapped": [h.name for h in loaded.swapped]}  # fmt: skip
-    began = time.perf_counter()
-    choices = cudaforge.choose_under_compile(loaded.model, say=print)
-    report["under_compile"] = [c.to_dict() for c in choices]
-    report["choose_s"] = time.perf_counter() - began
+    choose_under_compile(loaded.model, report)
     fns = {
         "compile": forward_of(torch.compile(model), inputs),
         "compile(cudaforge, chosen)": forward_of(torch.compile(loaded.model), inputs),

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .swap import swaps
+from .swap_checks import random_like
 from .timing import time_call
 
 
@@ -83,31 +84,24 @@ def _choose(swap, margin: float, backend: str) -> CompileChoice:
             compiled_ms = time_call(lambda: compiled(*inputs), device, queued=True)
             kernel_ms = time_call(lambda: swap.run_kernel(inputs, tensors), device, queued=True)
     except Exception as exc:  # noqa: BLE001 - the original does not compile: keep the kernel
-        swap.under_compile = True
         return CompileChoice(swap.name, swap.check.kernel_ms or float("nan"), None, True,
                              f"the original does not compile: {type(exc).__name__}: "
                              f"{str(exc)[:200]}")  # fmt: skip
     finally:
         torch._dynamo.reset()
-    keep = kernel_ms * margin < compiled_ms
-    swap.under_compile = keep
+    keep = kernel_ms * margin < compiled_ms  # the caller sets under_compile on every site
     reason = "" if keep else "torch.compile of the original code is as fast or faster"
     return CompileChoice(swap.name, kernel_ms, compiled_ms, keep, reason)
 
 
 def _inputs_like(specs) -> list[torch.Tensor]:
-    """Random tensors of the verified shapes, dtypes, devices and strides (integers: zeros)."""
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    found = []
-    for spec in specs:
-        if spec.dtype.is_floating_point:
-            values = torch.randn(spec.shape, generator=generator).to(spec.dtype)
-        else:
-            values = torch.zeros(spec.shape, dtype=spec.dtype)
-        stride = spec.stride if not spec.contiguous else values.contiguous().stride()
-        tensor = torch.empty_strided(spec.shape, stride, dtype=spec.dtype, device=spec.device)
-        found.append(tensor.copy_(values))
-    return found
+    """Random tensors of the verified shapes, dtypes, devices and strides (swap_checks.random_like
+    on zeroed templates: integers come out zero, as no observed range is left)."""
+    templates = [
+        torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=s.device).zero_()
+        for s in specs
+    ]
+    return random_like(templates, seed=0)
 
 
 __all__ = ["CompileChoice", "choose_under_compile"]
