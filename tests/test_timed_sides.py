@@ -56,7 +56,8 @@ def test_each_spin_covers_the_hosts_issue_time_of_the_runs_before():
     assert run.spins[0] == timed_sides.AHEAD_MAX_NS // 5
     for spin, before in zip(run.spins[1:], range(1, 6)):
         slowest = max(side.issue_ns[:before][-timed_sides.AHEAD_RECENT:])
-        assert spin >= timed_sides.AHEAD_FACTOR * slowest
+        # the cap holds even where a loaded host took longer than planned over a 2 ms sleep
+        assert spin >= min(timed_sides.AHEAD_MAX_NS, timed_sides.AHEAD_FACTOR * slowest)
         assert spin >= 1.5 * 2_000_000  # a 2 ms issue is never spun for less than 3 ms
     assert 0.0019 < side.host_ms() < 0.05 * 1e3
 
