@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import math
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,8 +42,10 @@ from torch import nn
 from ..errors import CudaforgeError
 from ..harness.results import EvalResult
 from ..reporting.formatting import times
+from . import backward as bw
 from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot, find_hotspots
 from .outcomes import HotspotOutcome, OptimizeResult, PhaseClock
+from .progress import Progress
 from .store import KernelStore
 from .swap import restore, swap_in, swaps
 from .swap_compare import compare, model_in_fp32
@@ -56,50 +57,6 @@ Evaluate = Callable[[str, str], EvalResult]
 
 class _Interrupted(Exception):
     """Raised inside an agents loop to end it (Ctrl-C in the caller)."""
-
-
-# ---------------------------------------------------------------- progress
-
-
-class _Progress:
-    """tqdm when it is installed (a bar over the hot spots), else plain lines on stderr."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.bar = None
-        self._lock = threading.Lock()
-
-    def say(self, text: str) -> None:
-        if not self.enabled:
-            return
-        with self._lock:
-            if self.bar is not None:
-                self.bar.write(f"cudaforge: {text}")
-            else:
-                print(f"cudaforge: {text}", file=sys.stderr, flush=True)
-
-    def start(self, total: int, what: str) -> None:
-        if not self.enabled:
-            return
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            self.say(f"{what}: {total} hot spot(s)")
-            return
-        self.bar = tqdm(total=total, desc=f"cudaforge {what}", unit="hot spot", leave=True)
-
-    def step(self, text: str) -> None:
-        if self.bar is not None:
-            with self._lock:
-                self.bar.update(1)
-                self.bar.set_postfix_str(text[:60])
-        else:
-            self.say(text)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
 
 
 # ---------------------------------------------------------------- the run
@@ -155,7 +112,7 @@ class _Found:
 class _Run:
     def __init__(self, *, mode, model, example_inputs, targets, training, inplace, verify_every,
                  pool, evaluate, store, progress, min_share, max_hotspots, min_speedup,
-                 tolerance, eval_options, profile=False):  # fmt: skip
+                 tolerance, eval_options, profile=False, backward=None):  # fmt: skip
         self.mode = mode
         self.started = time.monotonic()
         self.args, self.kwargs = split_inputs(example_inputs)
@@ -164,13 +121,14 @@ class _Run:
         self.device = model_device(self.model, self.args, self.kwargs)
         self.arch = _gpu_arch(self.device)
         self.training = training
+        self.backward = training if backward is None else bool(backward) and training
         self.verify_every = verify_every
         self.targets = targets
         self.min_share = min_share
         self.max_hotspots = max_hotspots
         self.min_speedup = min_speedup
         self.tolerance = tolerance
-        self.progress = _Progress(progress)
+        self.progress = Progress(progress)
         self.store = _store(store)
         self.pool = pool
         self.eval_options = dict(eval_options or {})
@@ -398,6 +356,9 @@ class _Run:
             outcome.stored_id = found.stored_id
             outcome.worker_result = found.result.to_dict()
             outcome.kernel_source = found.source
+            if hotspot.kind == bw.KIND:
+                continue  # settled below, with its forward
+            backward = self.found.get(bw.backward_name(hotspot.name))
             installed = []
             try:
                 for site in hotspot.sites:
@@ -405,6 +366,8 @@ class _Run:
                         site, found.source, hotspot.problem_source, name=hotspot.name,
                         training=self.training, verify_every=self.verify_every,
                         tolerance=self.tolerance,
+                        backward=backward and (backward.source, self.outcomes[
+                            bw.backward_name(hotspot.name)].problem_source),
                     )  # fmt: skip
                     installed.append(swap)
                     outcome.checks.append(swap.check.to_dict())
@@ -427,6 +390,11 @@ class _Run:
                 )
                 continue
             outcome.status = "swapped"
+        for hotspot in hotspots:
+            found = self.found.get(hotspot.name)
+            if hotspot.kind == bw.KIND and found is not None:
+                forward = self.outcomes.get(bw.forward_name(hotspot.name))
+                bw.settle(self.outcomes[hotspot.name], found.result, forward)
 
     # ------------------------------------------------------------ the whole thing
 
@@ -440,13 +408,16 @@ class _Run:
             min_share=self.min_share, max_hotspots=self.max_hotspots,
         )  # fmt: skip
         hotspots = list(search)
+        if self.backward:  # a backward problem per hot spot: backward kernels for training
+            hotspots = bw.with_backward(hotspots, search.skipped)
         mark("search")
         for hotspot in hotspots:
             self.outcomes[hotspot.name] = HotspotOutcome(
                 name=hotspot.name, kind=hotspot.kind, label=hotspot.label,
                 sites=[s.path or "(root)" for s in hotspot.sites],
                 problem_hash=hotspot.problem_hash, share=hotspot.share,
-                problem_source=hotspot.problem_source, before_ms=hotspot.sites[0].ms,
+                problem_source=hotspot.problem_source,
+                before_ms=hotspot.sites[0].ms if hotspot.kind != bw.KIND else None,
             )  # fmt: skip
         self.progress.say(search.summary())
         if agent_options is not None and agent_options.get("dollars") is not None:
@@ -636,6 +607,7 @@ def optimize(
     cluster: str | None = None,
     profile: bool = True,
     transcripts: str | Path | None = None,
+    backward: bool | None = None,
 ) -> OptimizeResult:
     """Make `model` faster on inputs like `example_inputs` with verified kernels for its hot spots.
 
@@ -644,8 +616,10 @@ def optimize(
     run (split evenly over the hot spots), or {'dollars': .., 'seconds': ..}. targets: module
     paths, class names, kinds ('module', 'chain', 'block') or label text to limit the hot spots
     to (or a predicate on a Hotspot). training: keep autograd right and check gradients at swap
-    time. inplace: patch `model` itself instead of an optimized deep copy (cudaforge.restore
-    undoes either). verify_every: shadow-check one call in N against the original. rounds: Coder
+    time; also a backward problem per hot spot, whose verified kernel replaces the recompute of
+    the original in the backward pass (backward=False: none; see cudaforge.model.backward).
+    inplace: patch `model` itself instead of an optimized deep copy (cudaforge.restore undoes
+    either). verify_every: shadow-check one call in N against the original. rounds: Coder
     rounds per hot spot. pool: a cudaforge.WorkerPool (default: the process-wide one); hot spots
     run in parallel over its workers. progress: tqdm or plain lines on stderr.
 
@@ -675,7 +649,7 @@ def optimize(
         training=training, inplace=inplace, verify_every=verify_every, pool=pool,
         evaluate=evaluate, store=store, progress=progress, min_share=min_share,
         max_hotspots=max_hotspots, min_speedup=min_speedup, tolerance=tolerance,
-        eval_options=eval_options, profile=profile,
+        eval_options=eval_options, profile=profile, backward=backward,
     )  # fmt: skip
     from ..agents.providers import Provider, get_provider
 
@@ -726,6 +700,7 @@ def apply_stored(
     min_speedup: float = 1.0,
     tolerance: float | None = None,
     eval_options: dict | None = None,
+    backward: bool | None = None,
 ) -> OptimizeResult:
     """Re-apply stored kernels to `model`, with no LLM at all: find the hot spots again, take the
     fastest stored kernel of each (same problem, GPU arch, dtype and shapes) that passes again in
@@ -735,7 +710,7 @@ def apply_stored(
         training=training, inplace=inplace, verify_every=verify_every, pool=pool,
         evaluate=evaluate, store=store, progress=progress, min_share=min_share,
         max_hotspots=max_hotspots, min_speedup=min_speedup, tolerance=tolerance,
-        eval_options=eval_options,
+        eval_options=eval_options, backward=backward,
     )  # fmt: skip
     if run.store is None:
         raise ValueError("apply_stored() needs a store (store=False leaves nothing to apply)")

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from .backward import attach_backward
 from .candidate import build_candidate
 from .owner_forward import OwnerForward
 from .sites import Site
@@ -39,9 +40,12 @@ def swap_in(
     tolerance: float | None = None,
     trials: int = 3,
     install: bool = True,
+    backward: tuple[str, str] | None = None,
 ) -> SwappedHotspot:
     """Build the candidate for a site, verify it (and its gradients when training), time it and
-    install it. Raises SwapError or VerificationError, leaving the model untouched."""
+    install it. Raises SwapError or VerificationError, leaving the model untouched. backward:
+    (source, problem source) of a verified backward kernel (cudaforge.model.backward), used in
+    training once it passes the gradient check here."""
     candidate = build_candidate(source, problem_source, site)
     swap = SwappedHotspot(
         site, candidate, name=name, source=source, problem_source=problem_source,
@@ -49,6 +53,8 @@ def swap_in(
     )  # fmt: skip
     verify(swap, trials=trials, tolerance=tolerance)
     if training:
+        if backward is not None:
+            attach_backward(swap, *backward)
         check_gradients(swap, tolerance=tolerance)
     measure(swap)
     if install:

@@ -21,6 +21,12 @@ def times(value: float | None, missing: str = "-") -> str:
     return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
 
 
+def share_text(hotspot) -> str:
+    """A hot spot's share of the forward, or 'bwd' for a backward one (it runs in the backward
+    pass, outside the forward the shares divide)."""
+    return "bwd" if hotspot.kind == "backward" else f"{hotspot.share:.1%}"
+
+
 def percent(share: float) -> str:
     """A share (0..1) as '66.7%'."""
     return f"{100 * share:.1f}%"

@@ -18,6 +18,7 @@ from .formatting import (
     evidence,
     milliseconds,
     numeric_column,
+    share_text,
     status_text,
     times,
     usable_speedup,
@@ -490,7 +491,7 @@ def optimize_html(result) -> str:
         rows.append(
             [
                 Html(f"{esc(h.name)}<br><small>{esc(', '.join(h.sites))}</small>"),
-                f"{h.share:.1%}",
+                share_text(h),
                 milliseconds(h.before_ms),
                 milliseconds(h.after_ms),
                 Html(f"<b>{times(h.speedup, 'n/a')}</b>"),

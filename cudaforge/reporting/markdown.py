@@ -3,7 +3,7 @@ problem), and an optimize run as the aligned table that `OptimizeResult.report()
 
 from __future__ import annotations
 
-from .formatting import evidence, milliseconds, numeric_column, status_text, times
+from .formatting import evidence, milliseconds, numeric_column, share_text, status_text, times
 
 
 def _cell(text: str) -> str:
@@ -67,7 +67,7 @@ def optimize_text(result) -> str:
     for h in result.hotspots:
         name = h.name if len(h.name) <= 44 else h.name[:41] + "..."
         lines.append(
-            f"{name:<44} {h.share:>6.1%} {milliseconds(h.before_ms):>10} "
+            f"{name:<44} {share_text(h):>6} {milliseconds(h.before_ms):>10} "
             f"{milliseconds(h.after_ms):>10} {times(h.speedup, 'n/a'):>8}  {status_text(h.status)}"
         )
         details = []
