@@ -12,7 +12,8 @@ side in one process (medians of interleaved runs, CUDA events):
   torch.compile of a copy where cudaforge.choose_under_compile let the kernels that lose to
   Inductor's own code for their hot spot step aside under compile;
 - GPT-2 also a training step (forward, backward, AdamW step; dropout off so the two agree): the
-  model with the stored kernels applied by cudaforge.load(training=True) against eager, and the
+  model with the stored kernels (forward and backward) applied by cudaforge.load(training=True)
+  against eager, and the
   gradients of one step compared;
 - store and reuse: cudaforge.load() of a fresh copy, in seconds, with no LLM.
 
@@ -20,6 +21,12 @@ side in one process (medians of interleaved runs, CUDA events):
         --llm "file:benchmarks/runs/models/llm?wait=0" --out benchmarks/runs/models     # GPU
     python benchmarks/models_optimize.py --render --rounds 3 \\
         --llm "file:benchmarks/runs/models/llm?wait=0" --out benchmarks/runs/models     # CPU
+
+GPT-2 (and the Llama decoder) also get a second optimize() in training mode, for the training
+step's kernels: backward problems (cudaforge.model.backward), and forward problems of the
+training model (its dropout modules in training mode make them other problems under the same
+names). Its transcripts go to OUT/<model>-training/transcripts and, with `file:DIR`, its prompts
+to DIR-training (training_llm).
 
 --render (no GPU needed): resumes every recorded hot-spot transcript just far enough to write
 the prompts its new replies lead to (a Judge's reply leads to the Coder's next prompt); the
@@ -153,6 +160,29 @@ def gradient_error(model_a, model_b, inputs) -> tuple[float, float]:
     return worst, abs(losses[0] - losses[1]) / (abs(losses[0]) or 1.0)
 
 
+def training_llm(spec: str) -> str:
+    """The training run's LLM: for `file:DIR...`, the folder DIR-training (the training model's
+    forward problems take the names of the inference model's, with other text)."""
+    if not spec.startswith("file:"):
+        return spec
+    folder, sep, query = spec[len("file:") :].partition("?")
+    return f"file:{folder.rstrip('/')}-training{sep}{query}"
+
+
+def optimize_training(name: str, device, store, args) -> dict:
+    """optimize(training=True) of the training model: its forward kernels (from the store where
+    the problem is the inference model's) and backward kernels, from the LLM."""
+    model, inputs = training_model(name, device, args.small)
+    began = time.perf_counter()
+    result = cudaforge.optimize(
+        model, inputs, llm=training_llm(args.llm), rounds=args.rounds, training=True,
+        transcripts=Path(args.out) / f"{name}-training" / "transcripts", store=store,
+        reuse=True, max_hotspots=args.max_hotspots, min_share=args.min_share,
+    )  # fmt: skip
+    print(result.report(), flush=True)
+    return {"optimize_s": time.perf_counter() - began, **result.to_dict()}
+
+
 def run_model(name: str, args) -> dict:
     out = Path(args.out) / name
     store = Path(args.out) / "store.sqlite3"
@@ -165,6 +195,8 @@ def run_model(name: str, args) -> dict:
     )  # fmt: skip
     report = {"model": name, "optimize_s": time.perf_counter() - began, **result.to_dict()}
     print(result.report(), flush=True)
+    if name in ("gpt2", "llama") and not args.no_training:
+        report["training_optimize"] = optimize_training(name, device, store, args)
     if not args.measure:  # with --measure, what is verified so far is measured, replies pending
         return report
     optimized = result.model
@@ -291,7 +323,9 @@ def render(args) -> int:
             continue
         try:
             loop = run_loop(
-                recorded.start["problem_source"], no_evaluation, coder=args.llm,
+                recorded.start["problem_source"], no_evaluation,
+                coder=training_llm(args.llm) if path.parent.parent.name.endswith("-training")
+                else args.llm,
                 rounds=args.rounds, transcript=path, name=recorded.start["problem"],
             )  # fmt: skip
         except NeedsGpu:
@@ -340,6 +374,7 @@ def main(argv=None) -> int:
     for name in args.models or ("gpt2", "resnet50"):
         report = run_model(name, args)
         waiting += len(report.get("waiting_for", []))
+        waiting += len(report.get("training_optimize", {}).get("waiting_for", []))
         reports.append(report)
         (Path(args.out) / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
     if waiting:
