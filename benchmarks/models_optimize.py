@@ -242,12 +242,13 @@ def load_fresh(name, device, store, inputs, report, args) -> None:
         loaded = cudaforge.load(fresh, inputs, store=store, max_hotspots=args.max_hotspots,
                                 min_share=args.min_share)  # fmt: skip
         report["load_swapped"] = [h.name for h in loaded.swapped]
+        report["load_phase_s"] = loaded.phase_seconds  # where load()'s seconds go
         del loaded
     except cudaforge.CudaforgeError as exc:
         report["load_error"] = f"{type(exc).__name__}: {exc}"
     report["load_s"] = time.perf_counter() - began
-    print(f"== {name} load: {report['load_s']:.1f} s, swapped {report.get('load_swapped')} "
-          f"{report.get('load_error', '')}", flush=True)  # fmt: skip
+    print(f"== {name} load: {report['load_s']:.1f} s ({report.get('load_phase_s')}), swapped "
+          f"{report.get('load_swapped')} {report.get('load_error', '')}", flush=True)  # fmt: skip
 
 
 def measure_training(name: str, device, store, args) -> dict:
