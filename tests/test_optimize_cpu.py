@@ -249,6 +249,23 @@ def test_resumes_hot_spots_through_the_file_provider(net, pool, tmp_path, monkey
     torch.testing.assert_close(third.model(x), model(x), rtol=1e-4, atol=1e-4)
 
 
+def test_a_changed_problem_under_a_recorded_name_gets_its_own_transcript(net, pool, tmp_path,
+                                                                         monkeypatch):  # fmt: skip
+    monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    model, x = net
+    llm = f"file:{tmp_path / 'llm'}?wait=0"
+    folder = tmp_path / "transcripts"
+    first = run(model, x, False, pool, llm, targets=["NewGELU"], transcripts=folder)
+    # other inputs: the same hot spot's name, another problem (its shapes are in the source)
+    second = run(model, x[:64], False, pool, llm, targets=["NewGELU"], transcripts=folder)
+    a, b = outcome(first, "NewGELU"), outcome(second, "NewGELU")
+    assert a.name == b.name and a.problem_hash != b.problem_hash
+    assert b.status == "no_kernel" and "waiting for 1 reply" in b.detail, b.detail
+    assert a.transcript != b.transcript and Path(a.transcript).is_file()
+    assert Path(b.transcript).name.startswith(Path(a.transcript).stem + "_")
+    assert first.waiting_for != second.waiting_for  # each problem has its own prompt folder
+
+
 def test_a_kernel_that_slows_the_whole_model_is_taken_out(net, pool, tmp_path, monkeypatch):
     # faster on its own (the in-process timing says 2x), slower in the model: taken out
     from cudaforge.model import optimize as optimize_module

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..agents.resume import RecordedRun, source_sha256
 from ..errors import CudaforgeError
 from ..harness.results import EvalResult
 from ..reporting.formatting import times
@@ -223,8 +224,14 @@ class _Run:
         from ..agents.loop import run_loop
         from ..agents.transcript import default_transcript_path
 
+        name = hotspot.name
         if self.transcripts is not None:  # one per hot spot, resumed by the next run
-            transcript = str(self.transcripts / f"{_file_name(hotspot.name)}.jsonl")
+            transcript = str(self.transcripts / f"{_file_name(name)}.jsonl")
+            if _of_another_problem(transcript, hotspot.problem_source):
+                # the model changed since that run: this problem gets its own transcript (and
+                # its own folder of a file: provider), the other one is kept
+                name = f"{name} [{source_sha256(hotspot.problem_source)[:8]}]"
+                transcript = str(self.transcripts / f"{_file_name(name)}.jsonl")
         else:
             transcript = str(default_transcript_path(f"optimize-{hotspot.problem_hash[:10]}"))
         outcome.transcript = transcript
@@ -250,9 +257,8 @@ class _Run:
             options["max_seconds"] = max(1.0, deadline - time.monotonic())
         try:
             loop = run_loop(
-                hotspot.problem_source, evaluate, transcript=transcript, name=hotspot.name,
-                **options,
-            )  # fmt: skip
+                hotspot.problem_source, evaluate, transcript=transcript, name=name, **options
+            )
         except _Interrupted:
             outcome.candidates = counter["n"]
             return
@@ -562,6 +568,13 @@ def _device_text(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} ({device})"
     return str(device)
+
+
+def _of_another_problem(transcript: str, problem_source: str) -> bool:
+    """Whether `transcript` records a run of a problem other than `problem_source`."""
+    recorded = RecordedRun.read(transcript)
+    recorded_sha = recorded.start.get("problem_sha256") if recorded is not None else None
+    return recorded_sha not in (None, source_sha256(problem_source))
 
 
 def _file_name(name: str) -> str:
