@@ -306,6 +306,54 @@ def compile_check(name: str, args) -> dict:
     return report
 
 
+def start_backward_loops(args) -> list:
+    """On the CPU, the training run's first backward prompts for the recorded inference hot
+    spots whose problem is the same in the training model (no dropout, batch-norm or other
+    mode-dependent module in it): the same backward problem the GPU run makes, its transcript
+    started where that run looks, with the GPU's facts from the inference hot spot's transcript.
+    The prompt files still to answer."""
+    from cudaforge.agents.loop import run_loop
+    from cudaforge.agents.resume import RecordedRun
+    from cudaforge.model.backward import backward_name, backward_problem
+    from cudaforge.model.codegen import NotExtractable, load_problem
+    from cudaforge.model.optimize import _file_name
+    from cudaforge.model.regions import MODE_SENSITIVE_MODULES
+
+    def no_evaluation(problem_source, candidate_source):
+        raise RuntimeError("a candidate to evaluate: the next GPU run does it")
+
+    waiting = []
+    for name in ("gpt2", "llama"):
+        path = Path(args.out) / f"{name}.json"
+        if not path.is_file():
+            continue
+        for hotspot in json.loads(path.read_text()).get("hotspots", []):
+            problem = load_problem(hotspot["problem_source"])
+            with torch.device("meta"):
+                modules = problem.Model(*problem.get_init_inputs()).modules()
+            if any(isinstance(m, MODE_SENSITIVE_MODULES) for m in modules):
+                continue  # another problem in the training model
+            inference = RecordedRun.read(Path(hotspot.get("transcript") or "/nonexistent"))
+            try:
+                source = backward_problem(hotspot["problem_source"])
+            except NotExtractable as exc:
+                print(f"{name}/{hotspot['name']}: no backward problem: {exc}", flush=True)
+                continue
+            run = backward_name(hotspot["name"])
+            transcript = Path(args.out) / f"{name}-training" / "transcripts" / f"{_file_name(run)}.jsonl"
+            if transcript.exists():
+                continue  # started: the resumes below go on with it
+            transcript.parent.mkdir(parents=True, exist_ok=True)
+            loop = run_loop(
+                source, no_evaluation, coder=training_llm(args.llm), rounds=args.rounds,
+                transcript=transcript, name=run,
+                gpu=inference.start.get("gpu", "") if inference is not None else "",
+            )  # fmt: skip
+            print(f"{name}-training/{transcript.stem}: {loop.stop_reason}", flush=True)
+            waiting += loop.waiting_for
+    return waiting
+
+
 def render(args) -> int:
     """Resume every hot-spot transcript on this machine until its next prompts are written."""
     from cudaforge.agents.loop import run_loop
@@ -317,7 +365,7 @@ def render(args) -> int:
     def no_evaluation(problem_source, candidate_source):
         raise NeedsGpu  # a candidate to evaluate: the next GPU run does it
 
-    waiting = []
+    waiting = start_backward_loops(args)
     for path in sorted(Path(args.out).glob("*/transcripts/*.jsonl")):
         recorded = RecordedRun.read(path)
         if recorded is None:
@@ -334,6 +382,7 @@ def render(args) -> int:
             continue
         print(f"{path.parent.parent.name}/{path.stem}: {loop.stop_reason}", flush=True)
         waiting += loop.waiting_for
+    waiting = list(dict.fromkeys(str(p) for p in waiting))  # a started loop is resumed too
     for prompt in waiting:
         print(f"  waiting: {prompt}")
     return EXIT_WAITING if waiting else 0
