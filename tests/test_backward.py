@@ -277,6 +277,8 @@ def cpu_pool():
 @pytest.mark.parametrize("right", [True, False], ids=["right backward", "wrong backward"])
 def test_optimize_for_training_forges_and_swaps_backward_kernels(right, cpu_pool, tmp_path,
                                                                   monkeypatch):  # fmt: skip
+    import copy
+
     from test_hotspots import build
     from test_optimize_cpu import FAST_EVAL, Net
 
@@ -302,6 +304,13 @@ def test_optimize_for_training_forges_and_swaps_backward_kernels(right, cpu_pool
         assert gelu_backward.worker_result["status"] == "ok" and gelu_backward.speedup
         assert swap.use_backward_kernel and gelu.checks[0]["backward_kernel"]
         assert "gradients checked (backward kernel)" in result.report()
+        # load() with training=True takes both kernels from the store again, no LLM
+        fresh = copy.deepcopy(model)
+        loaded = cudaforge.load(fresh, (x,), store=tmp_path / "k.sqlite3", pool=cpu_pool,
+                                progress=False, eval_options=FAST_EVAL, training=True,
+                                min_speedup=0.0, min_share=0.0, tolerance=1e-3)  # fmt: skip
+        again = next(h for h in loaded.hotspots if h.name == gelu_backward.name)
+        assert again.status == "swapped" and again.origin == "store", again.detail
     else:  # refused by the worker: the swap differentiates by recompute
         assert gelu_backward.status == "no_kernel" and "incorrect" in gelu_backward.detail
         assert not swap.use_backward_kernel

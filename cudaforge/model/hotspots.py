@@ -222,11 +222,14 @@ def find_hotspots(
     min_share: float = MIN_SHARE,
     max_hotspots: int = MAX_HOTSPOTS,
     profile: ModelProfile | None = None,
+    paths: Sequence[str] | None = None,
 ) -> HotspotSearch:
     """Profile the model, form candidates, time them, keep the largest non-overlapping ones.
 
     targets: only hot spots at these module paths (or below), of these module class names,
     kinds ('module', 'chain', 'block') or with this text in their label; or a predicate.
+    paths: form candidates at exactly these module paths only (the paths of the sites an
+    earlier search chose: cudaforge.model.remembered_search), skipping the rest of the model.
     Raises HotspotError (naming what and why) when the forward fails or nothing qualifies."""
     args, kwargs = split_inputs(example_inputs)
     notes: list[str] = []
@@ -245,6 +248,8 @@ def find_hotspots(
     modules = dict(model.named_modules())
     floor = min_share / 2 if targets is None else 0.0
     wanted = [p for p in modules if profile.share(p) >= floor or (targets and p in profile.modules)]
+    if paths is not None:
+        wanted = [p for p in modules if p in set(paths)]
     calls = capture_calls(model, args, kwargs, wanted)
     skipped: list[Skipped] = []
     candidates: list[Candidate] = []

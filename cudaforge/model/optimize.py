@@ -44,7 +44,8 @@ from ..errors import CudaforgeError
 from ..harness.results import EvalResult
 from ..reporting.formatting import times
 from . import backward as bw
-from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot, find_hotspots
+from . import remembered_search
+from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot
 from .outcomes import HotspotOutcome, OptimizeResult, PhaseClock
 from .progress import Progress
 from .store import KernelStore
@@ -409,8 +410,9 @@ class _Run:
             restore(self.model)
         self.progress.say(f"{self.mode}: profiling {type(self.model).__name__} on {self.device}")
         mark = PhaseClock()
-        search = find_hotspots(
-            self.model, (*self.args,) if not self.kwargs else self.kwargs, targets=self.targets,
+        search = remembered_search.search(
+            self.model, (*self.args,) if not self.kwargs else self.kwargs, store=self.store,
+            use_remembered=self.mode == "load", say=self.progress.say, targets=self.targets,
             min_share=self.min_share, max_hotspots=self.max_hotspots,
         )  # fmt: skip
         hotspots = list(search)

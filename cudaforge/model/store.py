@@ -50,6 +50,11 @@ CREATE TABLE IF NOT EXISTS kernels (
 );
 CREATE INDEX IF NOT EXISTS kernels_key ON kernels (problem_hash, arch, dtype, shapes);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS searches (
+    model_key TEXT PRIMARY KEY,
+    paths TEXT NOT NULL,
+    updated REAL NOT NULL
+);
 """
 
 
@@ -207,6 +212,25 @@ class KernelStore:
         with self._connection() as conn, _transaction(conn):
             cursor = conn.execute("DELETE FROM kernels WHERE id = ?", (kernel_id,))
         return cursor.rowcount > 0
+
+    def remember_search(self, model_key: str, paths: Sequence[str]) -> None:
+        """Record the module paths of the hot spots a search chose for a model (its key:
+        cudaforge.model.remembered_search.model_key), for load() to search only those."""
+        with self._connection() as conn, _transaction(conn):
+            conn.execute(
+                "INSERT INTO searches (model_key, paths, updated) VALUES (?, ?, ?) "
+                "ON CONFLICT (model_key) DO UPDATE SET paths = excluded.paths, "
+                "updated = excluded.updated",
+                (model_key, json.dumps(sorted(set(paths))), time.time()),
+            )
+
+    def searched(self, model_key: str) -> list[str] | None:
+        """The module paths remembered for a model's key, or None."""
+        with self._connection() as conn:
+            row = conn.execute(
+                "SELECT paths FROM searches WHERE model_key = ?", (model_key,)
+            ).fetchone()
+        return json.loads(row[0]) if row is not None else None
 
     # ------------------------------------------------------------ reading
 
