@@ -373,3 +373,27 @@ def test_a_speedup_from_a_timing_that_did_not_settle_counts_only_beyond_its_nois
     fast.timing.pop("settled")  # recorded before the rule: as it was
     fast.speedup = 1.4
     assert _Run.faster(run, fast)
+
+
+class TwoGelus(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.act1 = NewGELU()
+        self.act2 = NewGELU()
+
+    def forward(self, x):
+        return self.act2(self.act1(self.fc(x)))
+
+
+def test_a_hot_spots_sites_are_each_checked_and_timed_once(pool, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    model, x = build(TwoGelus, 128, 64)
+    result = run(model, x, False, pool, scripted([GELU_FUSED]), targets=["NewGELU"])
+    gelu = outcome(result, "NewGELU")
+    assert gelu.status == "swapped" and len(gelu.sites) == 2, gelu.detail
+    first, second = gelu.checks
+    assert first["trials"] == second["trials"] == 3  # each site's weights and inputs checked
+    assert first["kernel_ms"] > 0 and first["original_ms"] > 0
+    assert second["kernel_ms"] is None and second["original_ms"] is None  # the first's stand
+    assert gelu.speedup == first["original_ms"] / first["kernel_ms"]

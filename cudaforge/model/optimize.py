@@ -368,11 +368,11 @@ class _Run:
             backward = self.found.get(bw.backward_name(hotspot.name))
             installed = []
             try:
-                for site in hotspot.sites:
+                for i, site in enumerate(hotspot.sites):
                     swap = swap_in(
                         site, found.source, hotspot.problem_source, name=hotspot.name,
                         training=self.training, verify_every=self.verify_every,
-                        tolerance=self.tolerance,
+                        tolerance=self.tolerance, timed=i == 0,
                         backward=backward and (backward.source, self.outcomes[
                             bw.backward_name(hotspot.name)].problem_source),
                     )  # fmt: skip

@@ -41,11 +41,13 @@ def swap_in(
     trials: int = 3,
     install: bool = True,
     backward: tuple[str, str] | None = None,
+    timed: bool = True,
 ) -> SwappedHotspot:
     """Build the candidate for a site, verify it (and its gradients when training), time it and
     install it. Raises SwapError or VerificationError, leaving the model untouched. backward:
     (source, problem source) of a verified backward kernel (cudaforge.model.backward), used in
-    training once it passes the gradient check here."""
+    training once it passes the gradient check here. timed=False: not timed here (the other
+    sites of a hot spot run the same problem: its first site's times stand for them)."""
     candidate = build_candidate(source, problem_source, site)
     swap = SwappedHotspot(
         site, candidate, name=name, source=source, problem_source=problem_source,
@@ -56,7 +58,8 @@ def swap_in(
         if backward is not None:
             attach_backward(swap, *backward)
         check_gradients(swap, tolerance=tolerance)
-    measure(swap)
+    if timed:
+        measure(swap)
     if install:
         swap.install()
     return swap
