@@ -116,6 +116,7 @@ def test_timing_precision_rows_and_goals():
     assert row["ok"] and row["forward_ms"] == 0.05 and row["spread_new"] == 0.012
     assert row["speedup_gap_old"] == pytest.approx(abs(2.0 / 2.2 - 1))
     assert row["seconds_ratio"] == pytest.approx(1.25)
+    assert row["least_seconds_ratio"] == pytest.approx(1.2)  # 1.2 s new, 1.0 s old at least
     short = [evaluation(e["rule"], e["speedup"], 0.3, 1.0, eager_ms=0.005) for e in steady]
     failed = [evaluation("old", None, None, 1.0, status="incorrect")] + steady[1:]
     entries = [{"name": "steady", "row": row}, {"name": "short", "row": tp.row(short)},
@@ -127,6 +128,8 @@ def test_timing_precision_rows_and_goals():
     assert goals[("new", "the")]["met"] and not goals[("old", "the")]["met"]
     seconds = goals[("new", "evaluation")]
     assert seconds["met"] and "1.25x (steady)" in seconds["detail"]
+    assert "the least evaluation of each rule: worst 1.20x (steady), 0 of 2 outside" in (
+        seconds["detail"])  # fmt: skip
     text = tp.markdown(
         {"device": "H200", "trials": 2, "entries": entries, "goals": tp.goals(entries)}
     )

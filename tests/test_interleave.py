@@ -126,3 +126,22 @@ def test_the_budget_counts_every_side():
     assert 0.1 <= gpu.now < 0.1 + 4 * 1.05e-3  # 2 sides x 0.05 s, then the pending pair
     with pytest.raises(ValueError, match="no sides"):
         time_interleaved([], rule)
+
+
+def test_a_short_forward_stops_after_the_least_runs_when_graphs_will_decide():
+    rule = StoppingRule(precision=0.01, budget_s=100.0, min_runs=10, max_runs=200)
+    gpu = DriftingGPU(drift=0.0)
+    sides = [Noisy(gpu, "candidate", 0.010), Noisy(gpu, "reference", 0.200)]  # 10 us, 200 us
+    (a, b), stops = time_interleaved(sides, rule, clock=lambda: gpu.now, block=2,
+                                     short_ms=0.05)  # fmt: skip
+    assert stops == ["short", "short"] and len(a) == len(b)
+    assert 10 <= len(a) <= 10 + 2  # min_runs, and the block queued meanwhile
+    # without short_ms, or where every side takes longer, the rule runs its course
+    gpu = DriftingGPU(drift=0.0)
+    sides = [Noisy(gpu, "candidate", 0.010), Noisy(gpu, "reference", 0.200)]
+    (a, _), stops = time_interleaved(sides, rule, clock=lambda: gpu.now, block=2)
+    assert stops == ["max_runs", "max_runs"] and len(a) == 200
+    gpu = DriftingGPU(drift=0.0)
+    sides = [Noisy(gpu, "candidate", 0.1), Noisy(gpu, "reference", 0.2)]
+    (a, _), stops = time_interleaved(sides, rule, clock=lambda: gpu.now, block=2, short_ms=0.05)
+    assert stops == ["max_runs", "max_runs"] and len(a) == 200

@@ -65,6 +65,9 @@ def test_a_short_forward_is_timed_as_graph_replays_too(pool):
     assert r.candidate_ms == graph["median_ms"] and graph["stop"] in ("precision", "budget",
                                                                       "max_runs")  # fmt: skip
     assert r.speedup == pytest.approx(r.reference_ms / r.candidate_ms)
+    # the eager runs stopped at the least the rule allows (and the block queued meanwhile):
+    # the replays decide, the eager times are reported
+    assert eager["stop"] == "short" and eager["runs"] <= r.timing["min_runs"] + 8, eager
     print(f"\ngraph {graph['median_ms']:.5f} ms (spread {graph['spread']:.2%}), eager "
           f"{eager['median_ms']:.5f} ms (spread {eager['spread']:.2%})")  # fmt: skip
 
@@ -86,6 +89,7 @@ return y
     assert r.timing["graph"].startswith("not capturable: the candidate's forward"), r.timing
     assert r.timing["speedup_basis"] == "eager" and "candidate_graph" not in r.timing
     assert r.candidate_ms == r.timing["candidate_eager"]["median_ms"]
+    assert r.timing["candidate_eager"]["stop"] != "short"  # timed in full: its eager runs decide
 
 
 LAUNCHY = Problem.from_source(

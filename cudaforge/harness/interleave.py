@@ -14,6 +14,7 @@ Pure Python: a side is any object with `queue(index) -> handle` and `read(handle
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -53,10 +54,13 @@ def time_interleaved(
     *,
     clock: Callable[[], float] = time.perf_counter,
     block: int = BLOCK,
+    short_ms: float | None = None,
 ) -> tuple[list[list[float]], list[str]]:
     """Interleave the sides' runs (module docstring) until `rule` is met by every side, the
     budget (rule.budget_s per side, on `clock`, seconds) is spent, or rule.max_runs ran; never
     fewer than rule.min_runs each, whatever the budget.
+    short_ms: stop once min_runs ran when a side's median is under it ("short": such forwards
+    are timed as CUDA-graph replays, which then decide; the eager runs are only reported).
     Returns the ms of each side's runs and each side's stop reason ("precision" for a side whose
     interval met the rule, else why the runs ended)."""
     if not sides:
@@ -82,6 +86,10 @@ def time_interleaved(
             reason = "max_runs"
         elif done >= rule.min_runs and clock() - started >= budget:
             reason = "budget"
+        elif done >= rule.min_runs and short_ms is not None and any(
+            statistics.median(t) < short_ms for t in times
+        ):
+            reason = "short"
         elif done >= next_check:
             if all(rule.met(t) for t in times):
                 reason = "precision"

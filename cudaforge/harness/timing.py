@@ -117,10 +117,8 @@ class TimingPhases(GraphTiming):
         tracer = _Tracer(self) if self.cuda and opts.traced_runs > 0 else None
         if self.cuda and tracer is None:
             r.timing["cupti"] = "off (traced_runs=0)"
-        if adaptive:
-            cand, ref = self.measure_interleaved(sets, tracer)
-            if not (cand.summary.settled and ref.summary.settled):
-                cand, ref = self.time_again(sets, tracer, cand, ref)
+        if adaptive:  # a short forward's eager runs stop early: its graph replays decide
+            cand, ref = self.measure_interleaved(sets, tracer, short=True)
         else:
             cand = self.measure(self.candidate, "candidate", sets, tracer)
             self.check_tampering("the candidate's timed runs")
@@ -129,6 +127,11 @@ class TimingPhases(GraphTiming):
                                   else None)  # fmt: skip
         if graph is not None:
             self.check_tampering("the graph captures")
+        elif adaptive:  # the eager runs decide: timed in full, and again when disturbed
+            if "short" in (cand.summary.stop, ref.summary.stop):
+                cand, ref = self.measure_interleaved(sets, tracer)
+            if not (cand.summary.settled and ref.summary.settled):
+                cand, ref = self.time_again(sets, tracer, cand, ref)
         self.record_times(cand, ref, graph)
         # the guards read from the times first, so that they are all on record even when a
         # checked run below turns out wrong
@@ -152,10 +155,10 @@ class TimingPhases(GraphTiming):
         """The result's times: the graph replays' where both sides were captured, else the
         eager runs'; both kinds in timing[], per side."""
         r = self.result
-        summaries = [m.summary for m in (cand, ref) if m.summary is not None]
+        used = graph if graph is not None else (cand.summary, ref.summary)
+        summaries = [s for s in used if s is not None]  # of the times the speedup uses
         if summaries:
             r.timing["settled"] = all(s.settled for s in summaries)
-        used = graph if graph is not None else (cand.summary, ref.summary)
         for who, summary in zip(("candidate", "reference"), used):
             setattr(r, f"{who}_ms", summary.median_ms)
             setattr(r, f"{who}_spread", summary.spread)
@@ -303,9 +306,11 @@ class TimingPhases(GraphTiming):
             )
         return kept
 
-    def measure_interleaved(self, sets: int, tracer) -> tuple[_Measurement, _Measurement]:
+    def measure_interleaved(self, sets: int, tracer, short: bool = False
+                            ) -> tuple[_Measurement, _Measurement]:  # fmt: skip
         """Both sides: each warmed up, then their timed runs interleaved under the adaptive rule
-        (interleave.py), then each side's traced and checked runs."""
+        (interleave.py), then each side's traced and checked runs. short: stop after min_runs
+        when a side's median is under graph_below_ms (its graph replays are timed next)."""
         sides, per_round = [], 0.0
         for model, who in ((self.candidate, "candidate"), (self.reference, "reference")):
             buffers = self.side_buffers(who, sets)
@@ -320,7 +325,9 @@ class TimingPhases(GraphTiming):
             sides.append(EagerSide(self, model, who, buffers, seed, settings=True, where="forward",
                                    host_s=self.warm_host_s.get(who, 0.0)))  # fmt: skip
         rule = self.stopping_rule()
-        times, stops = time_interleaved(sides, rule, block=block_for(per_round))
+        graphs = self.cuda and self.opts.cuda_graphs and short
+        times, stops = time_interleaved(sides, rule, block=block_for(per_round),
+                                        short_ms=self.opts.graph_below_ms if graphs else None)
         self.sync("candidate")
         self.check_tampering("the timed runs")
         found = []
