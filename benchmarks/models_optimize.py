@@ -24,9 +24,9 @@ side in one process (medians of interleaved runs, CUDA events):
 
 GPT-2 (and the Llama decoder) also get a second optimize() in training mode, for the training
 step's kernels: backward problems (cudaforge.model.backward), and forward problems of the
-training model (its dropout modules in training mode make them other problems under the same
-names). Its transcripts go to OUT/<model>-training/transcripts and, with `file:DIR`, its prompts
-to DIR-training (training_llm).
+training model. It shares the inference run's transcripts: a forward problem the same in both
+models resumes its loop or takes its stored kernel; one the training model changes (its dropout
+modules in training mode) gets its own transcript beside it, named with its problem's hash.
 
 --render (no GPU needed): resumes every recorded hot-spot transcript just far enough to write
 the prompts its new replies lead to (a Judge's reply leads to the Coder's next prompt); the
@@ -160,23 +160,14 @@ def gradient_error(model_a, model_b, inputs) -> tuple[float, float]:
     return worst, abs(losses[0] - losses[1]) / (abs(losses[0]) or 1.0)
 
 
-def training_llm(spec: str) -> str:
-    """The training run's LLM: for `file:DIR...`, the folder DIR-training (the training model's
-    forward problems take the names of the inference model's, with other text)."""
-    if not spec.startswith("file:"):
-        return spec
-    folder, sep, query = spec[len("file:") :].partition("?")
-    return f"file:{folder.rstrip('/')}-training{sep}{query}"
-
-
 def optimize_training(name: str, device, store, args) -> dict:
-    """optimize(training=True) of the training model: its forward kernels (from the store where
-    the problem is the inference model's) and backward kernels, from the LLM."""
+    """optimize(training=True) of the training model (the module docstring): its forward and
+    backward kernels, from the store or the LLM."""
     model, inputs = training_model(name, device, args.small)
     began = time.perf_counter()
     result = cudaforge.optimize(
-        model, inputs, llm=training_llm(args.llm), rounds=args.rounds, training=True,
-        transcripts=Path(args.out) / f"{name}-training" / "transcripts", store=store,
+        model, inputs, llm=args.llm, rounds=args.rounds, training=True,
+        transcripts=Path(args.out) / name / "transcripts", store=store,
         reuse=True, max_hotspots=args.max_hotspots, min_share=args.min_share,
     )  # fmt: skip
     print(result.report(), flush=True)
@@ -196,7 +187,12 @@ def run_model(name: str, args) -> dict:
     report = {"model": name, "optimize_s": time.perf_counter() - began, **result.to_dict()}
     print(result.report(), flush=True)
     if name in ("gpt2", "llama") and not args.no_training:
-        report["training_optimize"] = optimize_training(name, device, store, args)
+        try:
+            report["training_optimize"] = optimize_training(name, device, store, args)
+        except cudaforge.CudaforgeError as exc:  # the measurements below still run
+            report["training_optimize"] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"== {name} training optimize: {report['training_optimize']['error']}",
+                  flush=True)  # fmt: skip
     if not args.measure:  # with --measure, what is verified so far is measured, replies pending
         return report
     optimized = result.model
@@ -306,51 +302,62 @@ def compile_check(name: str, args) -> dict:
     return report
 
 
-def start_backward_loops(args) -> list:
-    """On the CPU, the training run's first backward prompts for the recorded inference hot
-    spots whose problem is the same in the training model (no dropout, batch-norm or other
-    mode-dependent module in it): the same backward problem the GPU run makes, its transcript
-    started where that run looks, with the GPU's facts from the inference hot spot's transcript.
-    The prompt files still to answer."""
+def start_training_loops(args) -> list:
+    """On the CPU, the training run's first prompts for recorded hot spots of GPT-2 (and the
+    Llama decoder) whose backward loop has not started: the training model's hot spot at each
+    such site extracted here (find_hotspots(paths=...): minutes at full size on a CPU), the loop
+    of its backward problem started, and of its forward problem where the training model changes
+    it; named and placed as the GPU run's optimize() names and places them, with the GPU's facts
+    from the inference transcript. The prompt files still to answer."""
     from cudaforge.agents.loop import run_loop
-    from cudaforge.agents.resume import RecordedRun
+    from cudaforge.agents.resume import RecordedRun, source_sha256
     from cudaforge.model.backward import backward_name, backward_problem
-    from cudaforge.model.codegen import NotExtractable, load_problem
+    from cudaforge.model.codegen import NotExtractable
+    from cudaforge.model.hotspots import find_hotspots
     from cudaforge.model.optimize import _file_name
-    from cudaforge.model.regions import MODE_SENSITIVE_MODULES
 
     def no_evaluation(problem_source, candidate_source):
         raise RuntimeError("a candidate to evaluate: the next GPU run does it")
 
     waiting = []
     for name in ("gpt2", "llama"):
-        path = Path(args.out) / f"{name}.json"
-        if not path.is_file():
+        report = Path(args.out) / f"{name}.json"
+        folder = Path(args.out) / name / "transcripts"
+        if not report.is_file():
             continue
-        for hotspot in json.loads(path.read_text()).get("hotspots", []):
-            problem = load_problem(hotspot["problem_source"])
-            with torch.device("meta"):
-                modules = problem.Model(*problem.get_init_inputs()).modules()
-            if any(isinstance(m, MODE_SENSITIVE_MODULES) for m in modules):
-                continue  # another problem in the training model
-            inference = RecordedRun.read(Path(hotspot.get("transcript") or "/nonexistent"))
-            try:
-                source = backward_problem(hotspot["problem_source"])
-            except NotExtractable as exc:
-                print(f"{name}/{hotspot['name']}: no backward problem: {exc}", flush=True)
+        recorded = {h["name"]: h for h in json.loads(report.read_text()).get("hotspots", [])}
+        pending = [h for h in recorded.values()
+                   if not (folder / f"{_file_name(backward_name(h['name']))}.jsonl").exists()]
+        if not pending:
+            continue
+        print(f"{name}: extracting the training model's hot spots at {len(pending)} site(s) on "
+              "this machine", flush=True)  # fmt: skip
+        model, inputs = training_model(name, "cpu", args.small)
+        paths = [h["sites"][0].replace("(root)", "") for h in pending]
+        found = find_hotspots(model, inputs, paths=paths, min_share=0.0, max_hotspots=len(paths))
+        for hotspot in found:
+            inference = recorded.get(hotspot.name)
+            if inference is None:
                 continue
-            run = backward_name(hotspot["name"])
-            transcript = Path(args.out) / f"{name}-training" / "transcripts" / f"{_file_name(run)}.jsonl"
-            if transcript.exists():
-                continue  # started: the resumes below go on with it
-            transcript.parent.mkdir(parents=True, exist_ok=True)
-            loop = run_loop(
-                source, no_evaluation, coder=training_llm(args.llm), rounds=args.rounds,
-                transcript=transcript, name=run,
-                gpu=inference.start.get("gpu", "") if inference is not None else "",
-            )  # fmt: skip
-            print(f"{name}-training/{transcript.stem}: {loop.stop_reason}", flush=True)
-            waiting += loop.waiting_for
+            start = RecordedRun.read(Path(inference.get("transcript") or "/nonexistent"))
+            gpu = start.start.get("gpu", "") if start is not None else ""
+            loops = []
+            if hotspot.problem_source != inference["problem_source"]:  # as optimize() names it
+                renamed = f"{hotspot.name} [{source_sha256(hotspot.problem_source)[:8]}]"
+                loops.append((hotspot.problem_source, renamed))
+            try:
+                loops.append((backward_problem(hotspot.problem_source),
+                              backward_name(hotspot.name)))  # fmt: skip
+            except NotExtractable as exc:
+                print(f"{name}/{hotspot.name}: no backward problem: {exc}", flush=True)
+            for source, run in loops:
+                transcript = folder / f"{_file_name(run)}.jsonl"
+                if transcript.exists():
+                    continue
+                loop = run_loop(source, no_evaluation, coder=args.llm, rounds=args.rounds,
+                                transcript=transcript, name=run, gpu=gpu)  # fmt: skip
+                print(f"{name}/{transcript.stem}: {loop.stop_reason}", flush=True)
+                waiting += loop.waiting_for
     return waiting
 
 
@@ -365,16 +372,14 @@ def render(args) -> int:
     def no_evaluation(problem_source, candidate_source):
         raise NeedsGpu  # a candidate to evaluate: the next GPU run does it
 
-    waiting = start_backward_loops(args)
+    waiting = start_training_loops(args)
     for path in sorted(Path(args.out).glob("*/transcripts/*.jsonl")):
         recorded = RecordedRun.read(path)
         if recorded is None:
             continue
         try:
             loop = run_loop(
-                recorded.start["problem_source"], no_evaluation,
-                coder=training_llm(args.llm) if path.parent.parent.name.endswith("-training")
-                else args.llm,
+                recorded.start["problem_source"], no_evaluation, coder=args.llm,
                 rounds=args.rounds, transcript=path, name=recorded.start["problem"],
             )  # fmt: skip
         except NeedsGpu:
