@@ -310,11 +310,11 @@ def start_training_loops(args) -> list:
     it; named and placed as the GPU run's optimize() names and places them, with the GPU's facts
     from the inference transcript. The prompt files still to answer."""
     from cudaforge.agents.loop import run_loop
-    from cudaforge.agents.resume import RecordedRun, source_sha256
+    from cudaforge.agents.resume import RecordedRun
     from cudaforge.model.backward import backward_name, backward_problem
     from cudaforge.model.codegen import NotExtractable
     from cudaforge.model.hotspots import find_hotspots
-    from cudaforge.model.optimize import _file_name
+    from cudaforge.model.optimize import _file_name, transcript_for
 
     def no_evaluation(problem_source, candidate_source):
         raise RuntimeError("a candidate to evaluate: the next GPU run does it")
@@ -341,17 +341,15 @@ def start_training_loops(args) -> list:
                 continue
             start = RecordedRun.read(Path(inference.get("transcript") or "/nonexistent"))
             gpu = start.start.get("gpu", "") if start is not None else ""
-            loops = []
-            if hotspot.problem_source != inference["problem_source"]:  # as optimize() names it
-                renamed = f"{hotspot.name} [{source_sha256(hotspot.problem_source)[:8]}]"
-                loops.append((hotspot.problem_source, renamed))
+            # the forward problem's loop exists where the training model leaves it unchanged
+            loops = [(hotspot.problem_source, hotspot.name)]
             try:
                 loops.append((backward_problem(hotspot.problem_source),
                               backward_name(hotspot.name)))  # fmt: skip
             except NotExtractable as exc:
                 print(f"{name}/{hotspot.name}: no backward problem: {exc}", flush=True)
             for source, run in loops:
-                transcript = folder / f"{_file_name(run)}.jsonl"
+                run, transcript = transcript_for(folder, run, source)  # as optimize() names it
                 if transcript.exists():
                     continue
                 loop = run_loop(source, no_evaluation, coder=args.llm, rounds=args.rounds,

@@ -515,7 +515,7 @@ def run_loop(
     coder_provider, judge_provider = _providers_for_run(coder_provider, judge_provider, name)
     path = Path(transcript) if transcript is not None else default_transcript_path(name)
     recorded = RecordedRun.read(path)
-    if recorded is not None and recorded.start.get("problem_sha256") not in (None, digest):
+    if recorded is not None and recorded.of_another_problem(problem_source):
         raise ValueError(
             f"transcript {path} records a run of another problem "
             f"({recorded.start.get('problem')}); resume it with its own problem, or give this "

@@ -57,6 +57,11 @@ class RecordedRun:
     evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
     on_gpu: bool = False
 
+    def of_another_problem(self, problem_source: str) -> bool:
+        """Whether this run was of a problem other than `problem_source` (a start record
+        without the problem's hash counts as this one's)."""
+        return self.start.get("problem_sha256") not in (None, source_sha256(problem_source))
+
     @classmethod
     def read(cls, path: str | os.PathLike) -> RecordedRun | None:
         """The run recorded at `path`, or None when there is none (no file, no start record)."""

@@ -249,7 +249,8 @@ def find_hotspots(
     floor = min_share / 2 if targets is None else 0.0
     wanted = [p for p in modules if profile.share(p) >= floor or (targets and p in profile.modules)]
     if paths is not None:
-        wanted = [p for p in modules if p in set(paths)]
+        at = set(paths)
+        wanted = [p for p in modules if p in at]
     calls = capture_calls(model, args, kwargs, wanted)
     skipped: list[Skipped] = []
     candidates: list[Candidate] = []

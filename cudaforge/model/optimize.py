@@ -227,12 +227,8 @@ class _Run:
 
         name = hotspot.name
         if self.transcripts is not None:  # one per hot spot, resumed by the next run
-            transcript = str(self.transcripts / f"{_file_name(name)}.jsonl")
-            if _of_another_problem(transcript, hotspot.problem_source):
-                # the model changed since that run: this problem gets its own transcript (and
-                # its own folder of a file: provider), the other one is kept
-                name = f"{name} [{source_sha256(hotspot.problem_source)[:8]}]"
-                transcript = str(self.transcripts / f"{_file_name(name)}.jsonl")
+            name, path = transcript_for(self.transcripts, name, hotspot.problem_source)
+            transcript = str(path)
         else:
             transcript = str(default_transcript_path(f"optimize-{hotspot.problem_hash[:10]}"))
         outcome.transcript = transcript
@@ -365,16 +361,18 @@ class _Run:
             outcome.kernel_source = found.source
             if hotspot.kind == bw.KIND:
                 continue  # settled below, with its forward
-            backward = self.found.get(bw.backward_name(hotspot.name))
+            found_backward = self.found.get(bw.backward_name(hotspot.name))
+            backward = None if found_backward is None else (
+                found_backward.source,
+                self.outcomes[bw.backward_name(hotspot.name)].problem_source,
+            )  # fmt: skip
             installed = []
             try:
                 for i, site in enumerate(hotspot.sites):
                     swap = swap_in(
                         site, found.source, hotspot.problem_source, name=hotspot.name,
                         training=self.training, verify_every=self.verify_every,
-                        tolerance=self.tolerance, timed=i == 0,
-                        backward=backward and (backward.source, self.outcomes[
-                            bw.backward_name(hotspot.name)].problem_source),
+                        tolerance=self.tolerance, timed=i == 0, backward=backward,
                     )  # fmt: skip
                     installed.append(swap)
                     outcome.checks.append(swap.check.to_dict())
@@ -572,11 +570,17 @@ def _device_text(device: torch.device) -> str:
     return str(device)
 
 
-def _of_another_problem(transcript: str, problem_source: str) -> bool:
-    """Whether `transcript` records a run of a problem other than `problem_source`."""
-    recorded = RecordedRun.read(transcript)
-    recorded_sha = recorded.start.get("problem_sha256") if recorded is not None else None
-    return recorded_sha not in (None, source_sha256(problem_source))
+def transcript_for(folder: Path, name: str, problem_source: str) -> tuple[str, Path]:
+    """(run name, transcript path) of a hot spot's loop in a transcripts folder: its name's
+    file, resumed by the next run; where that file records another problem (the model or its
+    inputs changed since), the name with the problem's hash, a transcript (and a file:
+    provider's folder) of its own beside the other, which is kept."""
+    path = Path(folder) / f"{_file_name(name)}.jsonl"
+    recorded = RecordedRun.read(path)
+    if recorded is not None and recorded.of_another_problem(problem_source):
+        name = f"{name} [{source_sha256(problem_source)[:8]}]"
+        path = Path(folder) / f"{_file_name(name)}.jsonl"
+    return name, path
 
 
 def _file_name(name: str) -> str:
@@ -735,4 +739,4 @@ def apply_stored(
 load = apply_stored  # the name it had first
 
 
-__all__ = ["apply_stored", "load", "optimize"]
+__all__ = ["apply_stored", "load", "optimize", "transcript_for"]
