@@ -216,6 +216,21 @@ def test_a_swap_uses_a_backward_kernel_that_passes_the_gradient_check():
         m(x.clone().requires_grad_()).pow(2).sum().backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name, rtol=1e-4, atol=1e-5)
+    # where the kernel's forward is slower here, its backward kernel still runs after the
+    # original forward (the kernel's forward is not called: it would raise), and a call without
+    # autograd runs the original alone
+    swap.forward_original = True
+    swap.candidate.forward = lambda *args: 1 / 0
+    calls = swap.stats.kernel_calls
+    for m in (model, reference):
+        m.zero_grad()
+        m(x.clone().requires_grad_()).pow(2).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name, rtol=1e-4, atol=1e-5)
+    assert swap.stats.kernel_calls == calls + 1  # through the op, for its backward
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x))
+    assert swap.stats.kernel_calls == calls + 1
     restore(model)
     wrong = CHAIN_BACKWARD.replace("grad_y.sum(0)", "grad_y.sum(0) * 1.1")
     swap = swap_in(chain.sites[0], LINEAR_GELU, chain.problem_source, training=True,
@@ -286,7 +301,9 @@ def test_optimize_for_training_forges_and_swaps_backward_kernels(right, cpu_pool
 
     monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
     model, x = build(Net, 128, 64)
-    backward = GELU_BACKWARD if right else GELU_BACKWARD.replace("0.5 * (1.0 + t)", "0.6 * (1.0 + t)")
+    backward = (
+        GELU_BACKWARD if right else GELU_BACKWARD.replace("0.5 * (1.0 + t)", "0.6 * (1.0 + t)")
+    )
     result = cudaforge.optimize(
         model, (x,), llm=_fixture_llm(backward), pool=cpu_pool, store=tmp_path / "k.sqlite3",
         progress=False, eval_options=FAST_EVAL, training=True, min_speedup=0.0, min_share=0.0,
@@ -319,3 +336,89 @@ def test_optimize_for_training_forges_and_swaps_backward_kernels(right, cpu_pool
         m(x).square().sum().backward()
     for p, q in zip(result.model.parameters(), model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
+
+
+def test_a_forward_slower_here_stays_installed_for_its_backward_kernel(cpu_pool, tmp_path,
+                                                                      monkeypatch):  # fmt: skip
+    """optimize(training=True): a hot spot whose kernel is slower in this process but whose
+    backward kernel passed keeps its swap, running the original forward; without a backward
+    kernel the swap is taken out."""
+    import copy
+
+    from test_hotspots import build
+    from test_optimize_cpu import FAST_EVAL, Net
+
+    import cudaforge.model.swap as swap_module
+    from cudaforge.model.optimize import _Run
+    from cudaforge.model.swap import swaps
+
+    def slower_here(swap, *args, **kwargs):  # the in-process timing: the kernel takes 2x
+        swap.check.original_ms, swap.check.kernel_ms = 1.0, 2.0
+        return swap.check
+
+    monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(swap_module, "measure", slower_here)
+    monkeypatch.setattr(_Run, "faster", lambda self, result: result.ok)
+    model, x = build(Net, 128, 64)
+    for backward, used in ((GELU_BACKWARD, True), ("FIXTURE: no code here", False)):
+        result = cudaforge.optimize(
+            copy.deepcopy(model), (x,), llm=_fixture_llm(backward), pool=cpu_pool,
+            store=tmp_path / f"{used}.sqlite3", progress=False, eval_options=FAST_EVAL,
+            training=True, min_share=0.0, rounds=1, tolerance=1e-3,
+        )  # fmt: skip
+        gelu = next(h for h in result.hotspots if h.kind == "block")
+        gelu_backward = next(h for h in result.hotspots if h.name == gelu.name + " (backward)")
+        assert gelu.status == "slower_here" and gelu.speedup == 0.5, gelu.detail
+        kept = [s for s in swaps(result.model) if s.name == gelu.name]
+        assert gelu.forward_original is used and bool(kept) is used, gelu.detail
+        if used:
+            assert all(s.forward_original and s.use_backward_kernel for s in kept)
+            assert gelu_backward.status == "swapped", gelu_backward.detail
+            assert "the original forward runs, with the backward kernel" in gelu.detail
+        else:
+            assert gelu_backward.status == "no_kernel"
+        fresh = copy.deepcopy(model)
+        for m in (result.model, fresh):
+            m.zero_grad()
+            m(x).square().sum().backward()
+        for p, q in zip(result.model.parameters(), fresh.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
+
+
+def test_a_bf16_gradient_is_judged_against_an_fp32_run_of_the_original():
+    """The gradient check judges a bf16 gradient as the worker judges a bf16 output: against
+    an fp32 run, within a multiple of the bf16 reference's own error. A backward kernel that
+    computes in fp32 passes; one 3 ulps off everywhere (within rtol 0.02 of the bf16 autograd)
+    is refused."""
+    from test_hotspots import MLP, build
+    from test_swap import LINEAR_GELU
+
+    from cudaforge.model.backward import backward_hotspot
+    from cudaforge.model.hotspots import find_hotspots
+    from cudaforge.model.swap import restore, swap_in
+
+    model, x = build(MLP, 8, 64)
+    model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    chain = find_hotspots(model, (x,), min_share=0.0, targets=["chain"])[0]
+    problem = backward_hotspot(chain).problem_source
+    in_fp32 = CHAIN_BACKWARD.replace(
+        "        y = torch.nn.functional.linear(x, self.fc1.weight, self.fc1.bias)",
+        "        dtype, x, grad_out = x.dtype, x.float(), grad_out.float()\n"
+        "        w, b = self.fc1.weight.float(), self.fc1.bias.float()\n"
+        "        y = torch.nn.functional.linear(x, w, b)",
+    ).replace(
+        "        return grad_y @ self.fc1.weight, grad_y.t() @ x, grad_y.sum(0)",
+        "        grads = grad_y @ w, grad_y.t() @ x, grad_y.sum(0)\n"
+        "        return tuple((g * SCALE).to(dtype) for g in grads)",
+    )
+    assert in_fp32.count("SCALE") == 1 and "w, b =" in in_fp32
+    seen = {}
+    for scale in (1.0, 1.0 + 3 / 256):
+        source = in_fp32.replace("SCALE", repr(scale))
+        swap = swap_in(chain.sites[0], LINEAR_GELU, chain.problem_source, training=True,
+                       backward=(source, problem))  # fmt: skip
+        seen[scale] = (swap.use_backward_kernel, swap.check.backward_kernel_refused)
+        restore(model)
+    assert seen[1.0] == (True, ""), seen
+    used, why = seen[1.0 + 3 / 256]
+    assert not used and "fp32" in why, why

@@ -136,6 +136,9 @@ def test_a_short_forward_stops_after_the_least_runs_when_graphs_will_decide():
                                      short_ms=0.05)  # fmt: skip
     assert stops == ["short", "short"] and len(a) == len(b)
     assert 10 <= len(a) <= 10 + 2  # min_runs, and the block queued meanwhile
+    # and such a side's runs summarize like any other (the harness records them so)
+    summary = rule.summary(a, stops[0])
+    assert summary.stop == "short" and summary.runs == len(a) and summary.settled
     # without short_ms, or where every side takes longer, the rule runs its course
     gpu = DriftingGPU(drift=0.0)
     sides = [Noisy(gpu, "candidate", 0.010), Noisy(gpu, "reference", 0.200)]

@@ -175,6 +175,9 @@ def test_autograd_through_the_swapped_op_gradcheck():
         return torch.func.functional_call(model, swapped, (x,))
 
     inputs = (x.clone().requires_grad_(), *[p.detach().clone().requires_grad_() for p in params])
+    # a swap made for training without a backward kernel runs the original where autograd
+    # records; the op's recompute path is what a swap made for inference (or torch.compile) runs
+    swap.original_under_grad = False
     assert torch.autograd.gradcheck(f, inputs)
     assert swap.stats.kernel_calls > 0  # the op ran, not the fallback
 
@@ -189,6 +192,11 @@ def test_training_step_gradients_match(mlp):
         loss.backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
+    # no backward kernel: a recompute would cost the kernel's forward on top of eager's, so the
+    # call autograd recorded ran the original; without autograd the kernel runs
+    assert swap.stats.kernel_calls == 0 and swap.stats.grad_originals == 1
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x))
     assert swap.stats.kernel_calls == 1 and swap.stats.fallbacks == 0
 
 

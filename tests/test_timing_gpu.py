@@ -65,9 +65,11 @@ def test_a_short_forward_is_timed_as_graph_replays_too(pool):
     assert r.candidate_ms == graph["median_ms"] and graph["stop"] in ("precision", "budget",
                                                                       "max_runs")  # fmt: skip
     assert r.speedup == pytest.approx(r.reference_ms / r.candidate_ms)
-    # the eager runs stopped at the least the rule allows (and the block queued meanwhile):
-    # the replays decide, the eager times are reported
-    assert eager["stop"] == "short" and eager["runs"] <= r.timing["min_runs"] + 8, eager
+    # the eager runs stopped at the least the rule allows (and the block queued meanwhile), a
+    # side already within the precision then says so: the replays decide, the eager times are
+    # reported
+    assert eager["stop"] in ("short", "precision"), eager
+    assert eager["runs"] <= r.timing["min_runs"] + 8, eager
     print(f"\ngraph {graph['median_ms']:.5f} ms (spread {graph['spread']:.2%}), eager "
           f"{eager['median_ms']:.5f} ms (spread {eager['spread']:.2%})")  # fmt: skip
 
@@ -128,10 +130,12 @@ def test_a_forward_slower_to_issue_than_to_run_is_timed_on_the_gpu(pool):
     for r in (ahead, behind):
         assert r.status == "ok", r.error
         t = r.timing
-        print(f"\n{t['queued'][:40]}: candidate {r.candidate_ms:.4f} ms (spread "
-              f"{r.candidate_spread:.2%}, CUPTI busy {t['cupti_busy_ms']:.4f} ms, host "
-              f"{t['candidate_host_ms']}), reference {r.reference_ms:.4f} ms (spread "
-              f"{r.reference_spread:.2%}, busy {t['reference_cupti_busy_ms']:.4f} ms)")
+        print(
+            f"\n{t['queued'][:40]}: candidate {r.candidate_ms:.4f} ms (spread "
+            f"{r.candidate_spread:.2%}, CUPTI busy {t['cupti_busy_ms']:.4f} ms, host "
+            f"{t['candidate_host_ms']}), reference {r.reference_ms:.4f} ms (spread "
+            f"{r.reference_spread:.2%}, busy {t['reference_cupti_busy_ms']:.4f} ms)"
+        )
     t = ahead.timing
     assert t["candidate_host_ms"] > t["cupti_busy_ms"]  # launch-bound, as meant
     assert ahead.candidate_ms < 1.3 * t["cupti_busy_ms"]

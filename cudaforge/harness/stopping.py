@@ -30,6 +30,7 @@ STOPS = (
     "budget",  # the time budget was spent first
     "max_runs",  # the run cap was reached first
     "fixed",  # a fixed number of runs (the old rule): no stopping rule applied
+    "short",  # min_runs ran and the forward is short enough for its graph replays to decide
 )
 
 

@@ -137,18 +137,28 @@ def backward_problem(problem_source: str) -> str:
     floats = [n for n, f in zip(face.inputs, face.input_float) if f]
     returned = [f"the gradient of input {n}, {s}" for n, s, f in
                 zip(face.inputs, face.input_specs, face.input_float) if f]  # fmt: skip
-    returned += [f"the gradient of parameter {n}, {s}" for n, s in zip(face.params, face.param_specs)]
+    returned += [
+        f"the gradient of parameter {n}, {s}" for n, s in zip(face.params, face.param_specs)
+    ]
     taken = [f"{n}: {s}" for n, s in zip(face.inputs, face.input_specs)]
     taken += [f"{g}: the gradient of output {i}, {s}" for g, i, s in
               zip(face.outputs, face.output_index, face.output_specs)]  # fmt: skip
     lines = ["", "", "class Model(Forward):"]
-    lines.append('    """The backward of Forward above (a training step\'s backward through it). Given')
-    lines.append("    Forward's inputs and the gradients of its outputs, it returns, in this order:")
+    lines.append(
+        '    """The backward of Forward above (a training step\'s backward through it). Given'
+    )
+    lines.append(
+        "    Forward's inputs and the gradients of its outputs, it returns, in this order:"
+    )
     lines += [f"    - {r}" for r in returned]
     lines.append("    It takes:")
     lines += [f"    - {t}" for t in taken]
-    lines.append("    The reference recomputes Forward with autograd; ModelNew may recompute what it")
-    lines.append("    needs of the forward: only the inputs are kept from it. Parameters as in Forward")
+    lines.append(
+        "    The reference recomputes Forward with autograd; ModelNew may recompute what it"
+    )
+    lines.append(
+        "    needs of the forward: only the inputs are kept from it. Parameters as in Forward"
+    )
     lines.append('    (same names, same order of creation)."""')
     lines.append("")
     lines.append(f"    def forward(self, {', '.join(face.inputs + face.outputs)}):")
@@ -189,22 +199,27 @@ def with_backward(hotspots: Sequence[Hotspot], skipped: list[Skipped]) -> list[H
             found.append(backward_hotspot(hotspot))
         except NotExtractable as exc:
             path = hotspot.sites[0].path if hotspot.sites else ""
-            skipped.append(Skipped(path, backward_name(hotspot.label), f"no backward problem: {exc}"))
+            skipped.append(
+                Skipped(path, backward_name(hotspot.label), f"no backward problem: {exc}")
+            )
     return found
 
 
 def settle(outcome, result, forward) -> None:
     """A backward hot spot's outcome once its forward's swap is done: 'swapped' where a site of
-    the forward's uses the kernel (it passed the gradient check there), else 'refused' with why.
+    the forward's uses the kernel (it passed the gradient check there; the forward may run its
+    original code, where its kernel was slower here), else 'refused' with why.
     Its times are the worker's (the backward runs only in a training step)."""
     outcome.before_ms, outcome.after_ms = result.reference_ms, result.candidate_ms
-    if forward is None or forward.status != "swapped":
+    if forward is None or not (forward.status == "swapped" or forward.forward_original):
         outcome.status = "refused"
         status = forward.status if forward is not None else "not found"
         outcome.detail = f"its forward's kernel is not swapped ({status})"
         return
     used = sum(1 for check in forward.checks if check.get("backward_kernel"))
-    refused = [c["backward_kernel_refused"] for c in forward.checks if c.get("backward_kernel_refused")]
+    refused = [
+        c["backward_kernel_refused"] for c in forward.checks if c.get("backward_kernel_refused")
+    ]
     if used:
         outcome.status = "swapped"
         outcome.detail = f"used at {used} of {len(forward.checks)} site(s)"

@@ -386,13 +386,19 @@ class _Run:
             outcome.before_ms, outcome.after_ms = first.original_ms, first.kernel_ms
             speedup = outcome.speedup
             if speedup is not None and speedup <= self.min_speedup:
-                for swap in installed:
-                    swap.uninstall()
                 outcome.status = "slower_here"
                 outcome.detail = (
-                    f"{found.result.speedup:.2f}x in the worker but {speedup:.2f}x in this "
-                    "process; the original is kept"
+                    f"{found.result.speedup:.2f}x in the worker but {speedup:.2f}x in this process"
                 )
+                if self.training and all(swap.use_backward_kernel for swap in installed):
+                    for swap in installed:  # the backward kernel still wins in a training step
+                        swap.forward_original = True
+                    outcome.forward_original = True
+                    outcome.detail += "; the original forward runs, with the backward kernel"
+                    continue
+                for swap in installed:
+                    swap.uninstall()
+                outcome.detail += "; the original is kept"
                 continue
             outcome.status = "swapped"
         for hotspot in hotspots:
@@ -527,7 +533,9 @@ class _Run:
         its own can make the model slower (host work where the forward is launch-bound, a
         layout conversion). Returns the model's time with what is left."""
         while self.min_speedup > 0 and after_ms * self.min_speedup > before_ms * 1.01:
-            swapped = [o for o in self.outcomes.values() if o.status == "swapped"]
+            # a backward kernel runs only in a training step, which this forward does not time
+            swapped = [o for o in self.outcomes.values()
+                       if o.status == "swapped" and o.kind != bw.KIND]  # fmt: skip
             if not swapped:
                 break
             least = min(swapped, key=lambda o: o.speedup or 0.0)

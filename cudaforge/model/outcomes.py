@@ -49,6 +49,9 @@ class HotspotOutcome:
     problem_source: str = ""
     last_result: str = ""  # the last candidate's evaluation, in one line
     waiting_for: list[str] = field(default_factory=list)  # file: prompts without a reply yet
+    # training, 'slower_here': the kernel stays installed for its backward kernel, after the
+    # original forward
+    forward_original: bool = False
 
     @property
     def speedup(self) -> float | None:

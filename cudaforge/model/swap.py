@@ -46,7 +46,9 @@ def swap_in(
     """Build the candidate for a site, verify it (and its gradients when training), time it and
     install it. Raises SwapError or VerificationError, leaving the model untouched. backward:
     (source, problem source) of a verified backward kernel (cudaforge.model.backward), used in
-    training once it passes the gradient check here. timed=False: not timed here (the other
+    training once it passes the gradient check here; with training and no such kernel, calls
+    that autograd records run the original (a recompute would make the step slower than eager).
+    timed=False: not timed here (the other
     sites of a hot spot run the same problem: its first site's times stand for them)."""
     candidate = build_candidate(source, problem_source, site)
     swap = SwappedHotspot(
@@ -58,6 +60,7 @@ def swap_in(
         if backward is not None:
             attach_backward(swap, *backward)
         check_gradients(swap, tolerance=tolerance)
+        swap.original_under_grad = True
     if timed:
         measure(swap)
     if install:

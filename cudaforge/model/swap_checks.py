@@ -97,8 +97,8 @@ def check_gradients(swap: SwappedHotspot, *, tolerance: float | None = None) -> 
         ]
         return ins, ps
 
-    def grads_of(outputs, wanted):
-        pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
+    def grads_of(outputs, wanted, output_grads=grads):
+        pairs = [(o, g) for o, g in zip(outputs, output_grads) if o.requires_grad]
         if not pairs:
             return [None] * len(wanted)
         return torch.autograd.grad(
@@ -109,6 +109,7 @@ def check_gradients(swap: SwappedHotspot, *, tolerance: float | None = None) -> 
     wanted = [t for t in ins + ps if t.requires_grad]
     with torch.enable_grad(), bypassed():
         expected = grads_of(site.run_original(ins, ps), wanted)
+        expected32 = _gradients_in_fp32(site, ins, ps, grads, expected, grads_of)
 
     def through_op():
         ins2, ps2 = leaves()
@@ -124,7 +125,8 @@ def check_gradients(swap: SwappedHotspot, *, tolerance: float | None = None) -> 
                 continue
             a = torch.zeros_like(e) if a is None else a
             e = torch.zeros_like(a) if e is None else e
-            diff, problem = compare([a], [e], tolerance)
+            e32 = [expected32[i]] if expected32 is not None and expected32[i] is not None else None
+            diff, problem = compare([a], [e], tolerance, e32)
             if problem:
                 return math.inf, f"gradient {i}: {problem}"
             worst = max(worst, diff.max_abs_err if diff else 0.0)
@@ -148,6 +150,32 @@ def check_gradients(swap: SwappedHotspot, *, tolerance: float | None = None) -> 
     check.gradient_checked = True
     check.gradient_max_abs_err = worst
     return check
+
+
+def _gradients_in_fp32(site, ins, ps, grads, expected, grads_of) -> list | None:
+    """The original's gradients from an fp32 run (bf16/fp16 inputs, parameters and output
+    gradients upcast), which the reduced-precision rule judges a bf16/fp16 gradient against, as
+    the worker judges outputs; None where no gradient is bf16/fp16 or the original does not run
+    so (the tolerance table alone judges then)."""
+    reduced = (torch.bfloat16, torch.float16)
+    if not any(e is not None and e.dtype in reduced for e in expected):
+        return None
+
+    def up(t):
+        leaf = t.detach().float() if t.dtype in reduced else t.detach().clone()
+        return leaf.requires_grad_(t.requires_grad)
+
+    ins32, ps32 = [up(t) for t in ins], [up(t) for t in ps]
+    wanted = [t for t in ins32 + ps32 if t.requires_grad]
+    try:
+        found = grads_of(site.run_original(ins32, ps32), wanted,
+                         [g.float() if g.dtype in reduced else g for g in grads])  # fmt: skip
+    except Exception:  # noqa: BLE001
+        return None
+    if len(found) != len(expected):
+        return None
+    return [None if f is None or e is None or f.shape != e.shape else f
+            for f, e in zip(found, expected)]  # fmt: skip
 
 
 def measure(swap: SwappedHotspot, target_ms: float = 25.0) -> SwapCheck:

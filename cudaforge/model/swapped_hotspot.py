@@ -41,6 +41,7 @@ class SwapStats:
 
     kernel_calls: int = 0
     fallbacks: int = 0
+    grad_originals: int = 0  # calls autograd recorded, run as the original (no backward kernel)
     shadow_checks: int = 0
     reason: str = ""
 
@@ -135,6 +136,13 @@ class SwappedHotspot:
         self.stats = SwapStats()
         self.warned = False
         self.use_backward_kernel = False
+        # True: the kernel's forward lost in this process but its backward kernel won; calls
+        # that autograd records run the original forward and the backward kernel, others the
+        # original alone
+        self.forward_original = False
+        # True (swapped with training=True): calls that autograd records run the original
+        # unless the backward kernel is used
+        self.original_under_grad = False
         # False: while torch.compile traces the model, the original code runs instead, for
         # Inductor to fuse (under_compile.choose_under_compile decides)
         self.under_compile = True
@@ -187,6 +195,8 @@ class SwappedHotspot:
             # eager fast path: the verified call, no autograd wanted, the candidate called directly
             inputs = self._fast_match(args, kwargs)
             if inputs is not None and not (torch.is_grad_enabled() and self._wants_grad(inputs)):
+                if self.forward_original:
+                    return self.original(*args, **kwargs)
                 return self._fast_run(inputs, args, kwargs)
         inputs, reason = self._match(args, kwargs) if self.enabled else (None, self.off_reason)
         tensors = None
@@ -199,6 +209,19 @@ class SwappedHotspot:
         needs_grad = torch.is_grad_enabled() and (
             any(t.requires_grad for t in inputs) or any(t.requires_grad for t in tensors)
         )
+        if (
+            needs_grad
+            and self.original_under_grad
+            and not self.use_backward_kernel
+            and not compiling
+        ):
+            # swapped for training without a backward kernel: the backward pass would recompute
+            # the original, so a training step would cost the kernel's forward on top of eager's;
+            # the original runs, recorded by autograd as in eager
+            self.stats.grad_originals += 1
+            return self.original(*args, **kwargs)
+        if self.forward_original and not needs_grad:
+            return self.original(*args, **kwargs)
         if compiling or needs_grad or not _plain(inputs):
             outputs = torch.ops.cudaforge.hotspot(self.handle, inputs, tensors)
         else:
@@ -323,6 +346,12 @@ class SwappedHotspot:
     def run_kernel(self, inputs: list[Tensor], tensors: list[Tensor]) -> list[Tensor]:
         """The candidate on these inputs and parameters -> output tensors laid out as the
         original's (_laid_out)."""
+        if self.forward_original:
+            with torch.no_grad(), bypassed():
+                outputs = self.site.run_original(inputs, self._original_tensors(tensors))
+            taken = {t.untyped_storage().data_ptr() for t in list(inputs) + list(tensors)}
+            # the custom op's outputs may not alias its inputs
+            return [o.clone() if o.untyped_storage().data_ptr() in taken else o for o in outputs]
         candidate = self.candidate
         if candidate is None:
             candidate = self.candidate = build_candidate(
