@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from test_evaluate_gpu import GOOD, RELU, compiled_candidate
 
+from cudaforge.harness.interleave import BLOCK
 from cudaforge.harness.pool import WorkerPool
 from cudaforge.harness.problem import Problem
 from cudaforge.harness.ties import compare_results
@@ -65,11 +66,13 @@ def test_a_short_forward_is_timed_as_graph_replays_too(pool):
     assert r.candidate_ms == graph["median_ms"] and graph["stop"] in ("precision", "budget",
                                                                       "max_runs")  # fmt: skip
     assert r.speedup == pytest.approx(r.reference_ms / r.candidate_ms)
-    # the eager runs stopped at the least the rule allows (and the block queued meanwhile), a
+    # the eager runs stopped at the least the rule allows (and the blocks queued meanwhile), a
     # side already within the precision then says so: the replays decide, the eager times are
     # reported
     assert eager["stop"] in ("short", "precision"), eager
-    assert eager["runs"] <= r.timing["min_runs"] + 8, eager
+    # the rule is checked on the runs read, while the next block is queued: at most two blocks
+    # past min_runs
+    assert eager["runs"] <= r.timing["min_runs"] + 2 * BLOCK, eager
     print(f"\ngraph {graph['median_ms']:.5f} ms (spread {graph['spread']:.2%}), eager "
           f"{eager['median_ms']:.5f} ms (spread {eager['spread']:.2%})")  # fmt: skip
 
