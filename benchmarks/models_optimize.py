@@ -266,7 +266,35 @@ def measure_training(name: str, device, store, args) -> dict:
         "rel_loss_err": loss_err,
     }
     print(f"== {name} training step: {report}", flush=True)
+    if device == "cuda":
+        report["step_kernels_ms"] = {side: step_kernels(fn) for side, fn in steps.items()}
+        for side, top in report["step_kernels_ms"].items():
+            print(f"== {name} training step, {side}: GPU ms per step by kernel (top 12)")
+            for kernel, kernel_ms in top:
+                print(f"  {kernel_ms:8.3f}  {kernel}")
     return report
+
+
+def step_kernels(step, steps: int = 2, top: int = 12) -> list:
+    """[(kernel name, GPU ms per step)] of the `top` kernels by time over `steps` steps (where
+    a training step's time goes, eager against swapped)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    _sync()
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+        _sync()
+    rows = []
+    for event in prof.key_averages():
+        us = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if us > 0:
+            rows.append((event.key[:110], us / 1000 / steps))
+    rows.sort(key=lambda row: -row[1])
+    total = sum(kernel_ms for _, kernel_ms in rows)
+    return [("(all kernels)", total)] + rows[:top]
 
 
 def choose_under_compile(model, report: dict) -> None:
