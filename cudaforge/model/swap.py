@@ -48,8 +48,8 @@ def swap_in(
     (source, problem source) of a verified backward kernel (cudaforge.model.backward), used in
     training once it passes the gradient check here; with training and no such kernel, calls
     that autograd records run the original (a recompute would make the step slower than eager).
-    timed=False: not timed here (the other
-    sites of a hot spot run the same problem: its first site's times stand for them)."""
+    timed=False: not timed here (the other sites of a hot spot run the same problem: its first
+    site's times stand for them)."""
     candidate = build_candidate(source, problem_source, site)
     swap = SwappedHotspot(
         site, candidate, name=name, source=source, problem_source=problem_source,

@@ -14,7 +14,7 @@ from ..errors import VerificationError
 from ..harness.compare import aliases
 from .candidate import site_device
 from .hotspot_op import bypassed, gradient_leaf
-from .swap_compare import compare, original_in_fp32, tolerances
+from .swap_compare import compare, gradients_in_fp32, original_in_fp32, tolerances
 from .swapped_hotspot import SwapCheck, SwappedHotspot
 from .timing import time_call
 
@@ -109,7 +109,7 @@ def check_gradients(swap: SwappedHotspot, *, tolerance: float | None = None) -> 
     wanted = [t for t in ins + ps if t.requires_grad]
     with torch.enable_grad(), bypassed():
         expected = grads_of(site.run_original(ins, ps), wanted)
-        expected32 = _gradients_in_fp32(site, ins, ps, grads, expected, grads_of)
+        expected32 = gradients_in_fp32(site, ins, ps, grads, expected, grads_of)
 
     def through_op():
         ins2, ps2 = leaves()
@@ -150,32 +150,6 @@ def check_gradients(swap: SwappedHotspot, *, tolerance: float | None = None) -> 
     check.gradient_checked = True
     check.gradient_max_abs_err = worst
     return check
-
-
-def _gradients_in_fp32(site, ins, ps, grads, expected, grads_of) -> list | None:
-    """The original's gradients from an fp32 run (bf16/fp16 inputs, parameters and output
-    gradients upcast), which the reduced-precision rule judges a bf16/fp16 gradient against, as
-    the worker judges outputs; None where no gradient is bf16/fp16 or the original does not run
-    so (the tolerance table alone judges then)."""
-    reduced = (torch.bfloat16, torch.float16)
-    if not any(e is not None and e.dtype in reduced for e in expected):
-        return None
-
-    def up(t):
-        leaf = t.detach().float() if t.dtype in reduced else t.detach().clone()
-        return leaf.requires_grad_(t.requires_grad)
-
-    ins32, ps32 = [up(t) for t in ins], [up(t) for t in ps]
-    wanted = [t for t in ins32 + ps32 if t.requires_grad]
-    try:
-        found = grads_of(site.run_original(ins32, ps32), wanted,
-                         [g.float() if g.dtype in reduced else g for g in grads])  # fmt: skip
-    except Exception:  # noqa: BLE001
-        return None
-    if len(found) != len(expected):
-        return None
-    return [None if f is None or e is None or f.shape != e.shape else f
-            for f, e in zip(found, expected)]  # fmt: skip
 
 
 def measure(swap: SwappedHotspot, target_ms: float = 25.0) -> SwapCheck:

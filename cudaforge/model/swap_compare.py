@@ -15,6 +15,8 @@ from torch import Tensor
 from ..harness.compare import reduced_precision_difference, tensor_difference
 from ..harness.options import Tolerances, reduced_precision_bound, tolerance_of
 
+REDUCED = (torch.bfloat16, torch.float16)  # the dtypes judged against an fp32 run
+
 
 def tolerances(dtype: torch.dtype, tolerance: float | None = None) -> tuple[float, float, float]:
     """(atol, rtol, relative L2 bound) for dtype, from the harness's one tolerance table; a float
@@ -74,12 +76,11 @@ def original_in_fp32(site, inputs, expected, tensors=None) -> list[Tensor] | Non
     """A site's original outputs with its parameters (`tensors`, default the site's) and bf16/fp16
     inputs upcast to fp32, when some output is bf16/fp16 (the harness's reduced-precision rule
     judges against them); else None, also when the original does not run so."""
-    reduced = (torch.bfloat16, torch.float16)
-    if not any(t.dtype in reduced for t in expected):
+    if not any(t.dtype in REDUCED for t in expected):
         return None
 
     def up(t):
-        return t.float() if t.dtype in reduced else t
+        return t.float() if t.dtype in REDUCED else t
 
     try:
         outputs = site.run_original(
@@ -92,6 +93,32 @@ def original_in_fp32(site, inputs, expected, tensors=None) -> list[Tensor] | Non
     return outputs
 
 
+def gradients_in_fp32(site, ins, ps, grads, expected, grads_of) -> list | None:
+    """The original's gradients from an fp32 run (bf16/fp16 inputs, parameters and output
+    gradients upcast), which the reduced-precision rule judges a bf16/fp16 gradient against, as
+    the worker judges outputs; None where no gradient is bf16/fp16 or the original does not run
+    so (the tolerance table alone judges then). grads_of(outputs, wanted, output_grads): the
+    caller's autograd of the original, as it computed `expected`."""
+    if not any(e is not None and e.dtype in REDUCED for e in expected):
+        return None
+
+    def up(t):
+        leaf = t.detach().float() if t.dtype in REDUCED else t.detach().clone()
+        return leaf.requires_grad_(t.requires_grad)
+
+    ins32, ps32 = [up(t) for t in ins], [up(t) for t in ps]
+    wanted = [t for t in ins32 + ps32 if t.requires_grad]
+    try:
+        found = grads_of(site.run_original(ins32, ps32), wanted,
+                         [g.float() if g.dtype in REDUCED else g for g in grads])  # fmt: skip
+    except Exception:  # noqa: BLE001
+        return None
+    if len(found) != len(expected):
+        return None
+    return [None if f is None or e is None or f.shape != e.shape else f
+            for f, e in zip(found, expected)]  # fmt: skip
+
+
 def model_in_fp32(model, args, kwargs, device):
     """A bf16/fp16 model's outputs from an fp32 copy of it on its inputs upcast, the random
     generators seeded as optimize's forward seeds them; None for a model in training mode or with
@@ -100,12 +127,11 @@ def model_in_fp32(model, args, kwargs, device):
 
     from torch.utils._pytree import tree_map
 
-    reduced = (torch.bfloat16, torch.float16)
-    if model.training or not any(p.dtype in reduced for p in model.parameters()):
+    if model.training or not any(p.dtype in REDUCED for p in model.parameters()):
         return None
 
     def up(value):
-        return value.float() if isinstance(value, Tensor) and value.dtype in reduced else value
+        return value.float() if isinstance(value, Tensor) and value.dtype in REDUCED else value
 
     model32 = copy.deepcopy(model).float()
     devices = [device.index or 0] if device.type == "cuda" else []
@@ -119,4 +145,12 @@ def model_in_fp32(model, args, kwargs, device):
             torch.cuda.empty_cache()
 
 
-__all__ = ["Difference", "compare", "model_in_fp32", "original_in_fp32", "tolerances"]
+__all__ = [
+    "REDUCED",
+    "Difference",
+    "compare",
+    "gradients_in_fp32",
+    "model_in_fp32",
+    "original_in_fp32",
+    "tolerances",
+]
