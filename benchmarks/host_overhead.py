@@ -28,23 +28,25 @@ WORKLOADS = ("gpt2_forward", "gpt2_train_step", "resnet50_forward")
 def workload(name: str, small: bool):
     """(callable, model, inputs) of one workload, built as models_optimize builds them."""
     import torch
-    from models_optimize import forward_of, train_step, training_model
-
     from models_hotspots import build
+    from models_optimize import forward_of, train_step, training_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "gpt2_train_step":
         model, inputs = training_model("gpt2", device, small)
-        return train_step(model, inputs, torch.optim.AdamW(model.parameters(), lr=1e-5)), model, inputs
+        return (
+            train_step(model, inputs, torch.optim.AdamW(model.parameters(), lr=1e-5)),
+            model,
+            inputs,
+        )
     model, inputs = build(name.removesuffix("_forward"), device, small=small)
     return forward_of(model, inputs), model, inputs
 
 
 def measure(fn, reps: int) -> dict:
     """Medians of host ms to issue one call and GPU ms with the launches queued behind a spin."""
-    from models_optimize import gpu_and_host, time_side_by_side
-
     import torch
+    from models_optimize import gpu_and_host, time_side_by_side
 
     found = gpu_and_host({"x": fn}, reps=reps, spin_cycles=400_000_000)["x"]
     if torch.cuda.is_available():
@@ -98,7 +100,9 @@ def main() -> int:
         for name in args.workloads:
             cmd = [sys.executable, __file__, "--child", name, "--reps", str(args.reps)]
             cmd += ["--small"] if args.small else []
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+            done = subprocess.run(
+                cmd, check=False, env=env, capture_output=True, text=True, timeout=900
+            )
             if done.returncode != 0:
                 print(f"{label} {name}: exit {done.returncode}\n{done.stderr[-2000:]}", flush=True)
                 continue

@@ -72,8 +72,9 @@ def time_side_by_side(fns: dict, reps: int = 30, warmup: int = 3) -> dict:
     for _ in range(reps):
         for name, fn in fns.items():
             if torch.cuda.is_available():
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
                 )
                 start.record()
                 fn()
@@ -364,8 +365,11 @@ def start_training_loops(args) -> list:
         if not report.is_file():
             continue
         recorded = {h["name"]: h for h in json.loads(report.read_text()).get("hotspots", [])}
-        pending = [h for h in recorded.values()
-                   if not (folder / f"{_file_name(backward_name(h['name']))}.jsonl").exists()]
+        pending = [
+            h
+            for h in recorded.values()
+            if not (folder / f"{_file_name(backward_name(h['name']))}.jsonl").exists()
+        ]
         if not pending:
             continue
         print(f"{name}: extracting the training model's hot spots at {len(pending)} site(s) on "
