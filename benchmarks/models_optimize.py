@@ -171,13 +171,14 @@ def gradient_error(model_a, model_b, inputs) -> tuple[float, float]:
 
 def optimize_training(name: str, device, store, args) -> dict:
     """optimize(training=True) of the training model (the module docstring): its forward and
-    backward kernels, from the store or the LLM."""
+    backward kernels from the LLM: every loop resumes (a forward problem the inference run
+    finished re-evaluates its recorded best), none takes a stored kernel instead."""
     model, inputs = training_model(name, device, args.small)
     began = time.perf_counter()
     result = cudaforge.optimize(
         model, inputs, llm=args.llm, rounds=args.rounds, training=True,
         transcripts=Path(args.out) / name / "transcripts", store=store,
-        reuse=True, max_hotspots=args.max_hotspots, min_share=args.min_share,
+        reuse=False, max_hotspots=args.max_hotspots, min_share=args.min_share,
     )  # fmt: skip
     print(result.report(), flush=True)
     return {"optimize_s": time.perf_counter() - began, **result.to_dict()}
@@ -283,6 +284,9 @@ def measure_training(name: str, device, store, args) -> dict:
             print(f"== {name} training step, {side}: GPU ms per step by kernel (top 12)")
             for kernel, kernel_ms in top:
                 print(f"  {kernel_ms:8.3f}  {kernel}")
+        for side, fn in steps.items():
+            print(f"== {name} training step, {side}: host time by Python function (cProfile)")
+            print(host_profile(fn), flush=True)
     return report
 
 
@@ -306,6 +310,26 @@ def step_kernels(step, steps: int = 2, top: int = 12) -> list:
     rows.sort(key=lambda row: -row[1])
     total = sum(kernel_ms for _, kernel_ms in rows)
     return [("(all kernels)", total)] + rows[:top]
+
+
+def host_profile(step, steps: int = 3, top: int = 14) -> str:
+    """The `top` functions by own host time over `steps` calls of `step` (cProfile): where a
+    host-paced step's time goes."""
+    import cProfile
+    import io
+    import pstats
+
+    step()
+    _sync()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    _sync()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
 
 
 def choose_under_compile(model, report: dict) -> None:

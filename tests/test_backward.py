@@ -422,3 +422,59 @@ def test_a_bf16_gradient_is_judged_against_an_fp32_run_of_the_original():
     assert seen[1.0] == (True, ""), seen
     used, why = seen[1.0 + 3 / 256]
     assert not used and "fp32" in why, why
+
+
+def test_an_eager_call_autograd_records_runs_an_autograd_function_not_the_custom_op(
+    monkeypatch,
+):
+    """The custom op's dispatch cost host time that paced a training step; an eager call takes
+    EagerHotspot instead, with the same kernels and gradients, and a call the fast match refuses
+    still takes the op."""
+    import copy
+
+    from test_swap import LINEAR_GELU
+
+    from cudaforge.model import swapped_hotspot
+    from cudaforge.model.backward import backward_hotspot
+    from cudaforge.model.hotspot_op import EagerHotspot
+    from cudaforge.model.swap import swap_in
+
+    model, x, chain = _chain()
+    reference = copy.deepcopy(model)
+    problem = backward_hotspot(chain).problem_source
+    swap = swap_in(chain.sites[0], LINEAR_GELU, chain.problem_source, training=True,
+                   backward=(CHAIN_BACKWARD, problem))  # fmt: skip
+    assert swap.use_backward_kernel
+    applied, backward_calls = [], []
+    gradients = swap.gradients
+
+    class Counted(EagerHotspot):
+        @staticmethod
+        def forward(ctx, *args):
+            applied.append(1)
+            return EagerHotspot.forward(ctx, *args)
+
+    def counted_gradients(*args):
+        backward_calls.append(1)
+        return gradients(*args)
+
+    def no_op(*args):
+        raise AssertionError("the custom op ran in eager mode")
+
+    monkeypatch.setattr(swapped_hotspot, "EagerHotspot", Counted)
+    monkeypatch.setattr(swap, "gradients", counted_gradients)
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.ops.cudaforge, "hotspot", no_op)
+        for m in (model, reference):
+            m(x.clone().requires_grad_()).pow(2).sum().backward()
+    assert applied == [1] and backward_calls == [1] and swap.stats.kernel_calls == 1
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name, rtol=1e-4, atol=1e-5)
+    # a call the fast match refuses takes the full check, then the custom op: same gradients
+    first = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    swap._fast_ready = False  # as after a mismatch the fast match cannot judge
+    model(x.clone().requires_grad_()).pow(2).sum().backward()
+    assert applied == [1] and len(backward_calls) == 2 and swap.stats.kernel_calls == 2
+    for p, g in zip(model.parameters(), first):
+        torch.testing.assert_close(p.grad, g, rtol=0, atol=0)

@@ -6,7 +6,9 @@ input's shape, dtype, device and layout, the parameters' too, and the training/e
 modules whose behaviour depends on it. Any difference runs the original PyTorch code instead, with
 a FallbackWarning the first time (the reason is in `.stats`). In eager mode, when no gradient is
 needed, the candidate is called directly (the dispatcher's overhead is larger than a small
-kernel); otherwise through the custom op (cudaforge.model.hotspot_op).
+kernel), and a call that autograd records goes through hotspot_op.EagerHotspot, an
+autograd.Function; under torch.compile, and for calls only the full check accepts, through the
+custom op (cudaforge.model.hotspot_op).
 
 Shadow checking (verify_every=N): call 1, N+1, 2N+1, ... also run the original and compare; a
 kernel that drifts is switched off for good with a DriftWarning and the call returns the original's
@@ -27,7 +29,7 @@ from torch import Tensor, fx, nn
 
 from .candidate import build_candidate
 from .codegen import TensorSpec
-from .hotspot_op import bypassed, bypassing, recompute_gradients, register
+from .hotspot_op import EagerHotspot, bypassed, bypassing, recompute_gradients, register
 from .owner_forward import OwnerForward, forward_code, forward_signature
 from .sites import Site, rebuild_output
 from .swap_compare import compare, original_in_fp32
@@ -194,10 +196,16 @@ class SwappedHotspot:
         if self.enabled and not torch.compiler.is_compiling():
             # eager fast path: the verified call, no autograd wanted, the candidate called directly
             inputs = self._fast_match(args, kwargs)
-            if inputs is not None and not (torch.is_grad_enabled() and self._wants_grad(inputs)):
-                if self.forward_original:
+            if inputs is not None:
+                if not (torch.is_grad_enabled() and self._wants_grad(inputs)):
+                    if self.forward_original:
+                        return self.original(*args, **kwargs)
+                    return self._fast_run(inputs, args, kwargs)
+                if self.original_under_grad and not self.use_backward_kernel:
+                    self.stats.grad_originals += 1  # see the same case below
                     return self.original(*args, **kwargs)
-                return self._fast_run(inputs, args, kwargs)
+                if _plain(inputs):
+                    return self._fast_grad_run(list(inputs), args, kwargs)
         inputs, reason = self._match(args, kwargs) if self.enabled else (None, self.off_reason)
         tensors = None
         if inputs is not None:
@@ -297,6 +305,17 @@ class SwappedHotspot:
         every = self.verify_every
         shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
         if shadow and not self._shadow_check(list(inputs), self.bound, outputs):
+            return self.original(*args, **kwargs)
+        return rebuild_output(outputs, self.site.structure)
+
+    def _fast_grad_run(self, inputs, args, kwargs):
+        """A verified call that autograd records, in eager mode: EagerHotspot, not the custom
+        op (the same forward and backward, less host time per call)."""
+        outputs = list(EagerHotspot.apply(self, len(inputs), *inputs, *self.bound))
+        self.stats.kernel_calls += 1
+        every = self.verify_every
+        shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
+        if shadow and not self._shadow_check(inputs, self.bound, outputs):
             return self.original(*args, **kwargs)
         return rebuild_output(outputs, self.site.structure)
 
