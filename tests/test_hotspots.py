@@ -6,6 +6,7 @@ output."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -402,3 +403,17 @@ def test_inputs_keep_their_layout():
     assert mask.dtype == torch.bool
     with pytest.raises(NotExtractable, match="strided view"):
         _input_source(torch.randn(8, 8)[:, ::2])
+
+
+def test_profiling_for_hot_spots_has_kineto_release_cupti_unless_the_user_said(monkeypatch):
+    """Kineto leaves CUPTI attached after a session unless TEARDOWN_CUPTI is "1"; cudaforge's
+    profiling sets it for the process, and keeps a value the user set."""
+    from cudaforge.model.timing import release_cupti_after_profiling
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    assert release_cupti_after_profiling() is True
+    assert os.environ["TEARDOWN_CUPTI"] == "1"
+    assert release_cupti_after_profiling() is False
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    assert release_cupti_after_profiling() is False
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
