@@ -229,6 +229,8 @@ def run_model(name: str, args) -> dict:
         print(f"== {name} GPU time with launches queued ahead / host time to issue, ms: "
               f"{report['gpu_and_host_ms']}", flush=True)  # fmt: skip
     del compiled
+    if args.keep_all and device == "cuda":
+        report["every_kernel"] = every_kernel(name, device, store, inputs, fns["eager"], args)
     if not args.no_load:
         load_fresh(name, device, store, inputs, report, args)
     if name in ("gpt2", "llama") and not args.no_training:
@@ -255,6 +257,30 @@ def load_fresh(name, device, store, inputs, report, args) -> None:
     report["load_s"] = time.perf_counter() - began
     print(f"== {name} load: {report['load_s']:.1f} s ({report.get('load_phase_s')}), swapped "
           f"{report.get('load_swapped')} {report.get('load_error', '')}", flush=True)  # fmt: skip
+
+
+def every_kernel(name, device, store, inputs, eager, args) -> dict:
+    """Where a model with every stored kernel in loses time (--keep-all): load() of a fresh
+    copy with min_speedup=0 (no kernel taken out), against eager: interleaved medians, GPU and
+    host time, GPU time by kernel and host time by Python function."""
+    fresh, _ = build(name, device, small=args.small)
+    loaded = cudaforge.load(fresh, inputs, store=store, max_hotspots=args.max_hotspots,
+                            min_share=args.min_share, min_speedup=0)  # fmt: skip
+    fns = {"eager": eager, "cudaforge (every kernel)": forward_of(loaded.model, inputs)}
+    found = {
+        "swapped": [h.name for h in loaded.swapped],
+        "ms": time_side_by_side(fns, reps=args.reps),
+        "gpu_and_host_ms": gpu_and_host(fns),
+        "kernels_ms": {side: step_kernels(fn, top=16) for side, fn in fns.items()},
+    }
+    print(f"== {name} with every kernel: {found['ms']}; GPU / host: {found['gpu_and_host_ms']}")
+    for side, fn in fns.items():
+        print(f"== {name}, {side}: GPU ms per forward by kernel (top 16)")
+        for kernel, kernel_ms in found["kernels_ms"][side]:
+            print(f"  {kernel_ms:8.3f}  {kernel}")
+        print(f"== {name}, {side}: host time by Python function (cProfile)")
+        print(host_profile(fn, steps=10, top=18), flush=True)
+    return found
 
 
 def measure_training(name: str, device, store, args) -> dict:
@@ -471,6 +497,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-training", action="store_true")
     parser.add_argument("--no-load", action="store_true", help="skip timing load() of a copy")
+    parser.add_argument("--keep-all", action="store_true",
+                        help="also time a copy with every stored kernel kept, and say where it "
+                        "loses time")  # fmt: skip
     parser.add_argument("--render", action="store_true", help="write the next prompts (CPU)")
     parser.add_argument("--small", action="store_true", help="tiny configurations (CPU smoke)")
     parser.add_argument("--compile-check", action="store_true",
