@@ -13,6 +13,7 @@ import _thread
 import copy
 import json
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -164,7 +165,8 @@ def test_optimize_end_to_end(net, pool, tmp_path, monkeypatch):
     assert cudaforge.restore(result.model) is result.model and swaps(result.model) == []
 
 
-def test_load_reapplies_from_the_store_without_any_llm(net, pool, tmp_path, monkeypatch):
+def test_load_reapplies_from_the_store_without_any_llm(net, pool, tmp_path, monkeypatch,
+                                                      capsys):
     monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
     model, x = net
     store = KernelStore(tmp_path / "k.sqlite3")
@@ -200,6 +202,17 @@ def test_load_reapplies_from_the_store_without_any_llm(net, pool, tmp_path, monk
         eval_options=FAST_EVAL, tolerance=TOLERANCE,
     )  # fmt: skip
     assert outcome(again, "NewGELU").status == "no_kernel"
+    # one correct but not faster than the bar is skipped, and the message says which it was
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("UPDATE kernels SET source = replace(source, '0.7 * x', '0.5 * x')")
+    capsys.readouterr()
+    slow = cudaforge.load(
+        fresh, (x,), store=store, pool=pool, progress=True, min_share=0.0, min_speedup=1e9,
+        eval_options=FAST_EVAL, tolerance=TOLERANCE,
+    )  # fmt: skip
+    said = capsys.readouterr()
+    assert outcome(slow, "NewGELU").status == "no_kernel"
+    assert re.search(r"did not pass here \(correct, [0-9.]+x, not faster\)", said.out + said.err)
 
 
 def test_keeps_only_correct_and_faster_kernels(net, pool, tmp_path):

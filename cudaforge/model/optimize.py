@@ -215,10 +215,8 @@ class _Run:
                     f"({result.speedup:.2f}x in the worker)"
                 )
                 return True
-            self.progress.say(
-                f"{hotspot.name}: stored kernel #{kernel.id} did not pass here ({result.status}"
-                f"{', ' + result.error.splitlines()[0] if result.error else ''}); skipped"
-            )
+            self.progress.say(f"{hotspot.name}: stored kernel #{kernel.id} did not pass here "
+                              f"({_one_line(result)}{', not faster' * result.ok}); skipped")
         return False
 
     def with_agents(self, hotspot: Hotspot, outcome: HotspotOutcome, agent_options) -> None:
