@@ -64,6 +64,9 @@ class OwnerForward:
         self.swaps: list[Any] = []  # the SwappedHotspots of its chains
         self.module: fx.GraphModule | None = None
         self.warned = False
+        # a plain call's (shape, dtype, device index) per input, for _match's fast path; None:
+        # not prepared yet, (): the call is not plain (its arguments need the full match)
+        self._fast: tuple | None = None
 
     @property
     def __code__(self):
@@ -143,6 +146,17 @@ class OwnerForward:
     def _match(self, args, kwargs):
         if self.owner.training != self.training:
             return None, "in the other training/eval mode"
+        fast = self._fast
+        if fast is None:
+            fast = self._fast = self._prepare_fast()
+        if fast and not kwargs and len(args) == len(fast):  # the verified call, checked cheaply
+            for value, (shape, dtype, device) in zip(args, fast):
+                if type(value) is not torch.Tensor or value.dtype is not dtype:
+                    break
+                if value.shape != shape or value.get_device() != device:
+                    break
+            else:
+                return list(args), ""
         values, why = self.call.match(args, kwargs)
         if values is None:
             return None, why
@@ -152,6 +166,20 @@ class OwnerForward:
             if value.device != expected.device:
                 return None, f"{name} is on {value.device}"
         return values, ""
+
+    def _prepare_fast(self) -> tuple:
+        if not self.call.plain:
+            return ()
+        fast = []
+        for spec in self.specs:
+            device = torch.device(spec.device)
+            if device.type not in ("cpu", "cuda"):
+                return ()
+            index = -1 if device.type == "cpu" else device.index
+            if index is None:
+                index = torch.cuda.current_device()
+            fast.append((torch.Size(spec.shape), spec.dtype, index))
+        return tuple(fast)
 
 
 __all__ = ["OwnerForward", "forward_code", "forward_signature"]

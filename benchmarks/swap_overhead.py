@@ -1,0 +1,89 @@
+"""Host time a swapped hot spot adds per call, on the CPU (no GPU needed).
+
+A swapped site runs its kernel through cudaforge's Python: the call's check against what was
+verified, then the kernel; for a call that autograd records, a forward and a backward through
+`EagerHotspot` (eager) or the custom op `cudaforge::hotspot` (what torch.compile sees). Where a
+model's forward or training step is paced by the host, that time is what decides. This times, with
+a torch stand-in kernel (the problem's own Model, so kernel time is the same on both sides):
+- inference: the model's forward, original against swapped, and the candidate called directly;
+- training: forward + backward of the model, through EagerHotspot against through the custom op,
+  both with a backward kernel (the stand-in's own autograd).
+
+    python benchmarks/swap_overhead.py [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from test_backward import CHAIN_BACKWARD
+from test_hotspots import MLP, build
+from test_swap import LINEAR_GELU
+
+from cudaforge.model import swapped_hotspot
+from cudaforge.model.backward import backward_hotspot
+from cudaforge.model.hotspots import find_hotspots
+from cudaforge.model.swap import swap_in
+
+
+def per_call_us(fn, calls: int) -> float:
+    """Median over 5 blocks of `calls` calls, microseconds per call."""
+    for _ in range(min(calls, 200)):
+        fn()
+    blocks = []
+    for _ in range(5):
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        blocks.append((time.perf_counter() - began) / calls * 1e6)
+    return sorted(blocks)[2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model, x = build(MLP, 8, 64)
+    model.train()
+    original = copy.deepcopy(model)
+    chain = find_hotspots(model, (x,), min_share=0.0, targets=["chain"])[0]
+    problem = backward_hotspot(chain).problem_source
+    swap = swap_in(chain.sites[0], LINEAR_GELU, chain.problem_source, training=True,
+                   backward=(CHAIN_BACKWARD, problem))  # fmt: skip
+    if not swap.use_backward_kernel:
+        raise SystemExit(f"the stand-in backward was refused: {swap.check.backward_kernel_refused}")
+    with torch.no_grad():
+        print(f"inference, us per forward: original {per_call_us(lambda: original(x), args.calls):.1f}"
+              f", swapped {per_call_us(lambda: model(x), args.calls):.1f}, candidate alone "
+              f"{per_call_us(lambda: swap.candidate(x), args.calls):.1f}")  # fmt: skip
+    xg = x.clone().requires_grad_()
+
+    def step(m):
+        m(xg).sum().backward()
+
+    through_function = per_call_us(lambda: step(model), args.calls // 4)
+    plain = swapped_hotspot._plain
+    swapped_hotspot._plain = lambda tensors: False  # the eager path declines: the custom op
+    try:
+        through_op = per_call_us(lambda: step(model), args.calls // 4)
+    finally:
+        swapped_hotspot._plain = plain
+    print(f"training, us per forward + backward: original {per_call_us(lambda: step(original), args.calls // 4):.1f}"
+          f", swapped through EagerHotspot {through_function:.1f}, through the custom op "
+          f"{through_op:.1f} ({through_op - through_function:+.1f})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
