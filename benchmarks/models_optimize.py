@@ -213,7 +213,7 @@ def run_model(name: str, args) -> dict:
         # a copy whose kernels that lose to Inductor's code for their hot spot step aside under
         # compile (choosing resets dynamo: done before anything below is compiled)
         chosen = copy.deepcopy(optimized)
-        choose_under_compile(chosen, report)
+        choose_under_compile(chosen, inputs, report)
         began = time.perf_counter()
         compiled["compile"] = forward_of(torch.compile(model), inputs)
         compiled["compile(cudaforge)"] = forward_of(torch.compile(optimized), inputs)
@@ -358,10 +358,10 @@ def host_profile(step, steps: int = 3, top: int = 14) -> str:
     return text.getvalue()
 
 
-def choose_under_compile(model, report: dict) -> None:
+def choose_under_compile(model, inputs, report: dict) -> None:
     """cudaforge.choose_under_compile on `model`, its rows and seconds into `report`."""
     began = time.perf_counter()
-    choices = cudaforge.choose_under_compile(model, say=print)
+    choices = cudaforge.choose_under_compile(model, inputs, say=print)
     report["under_compile"] = [c.to_dict() for c in choices]
     report["choose_s"] = time.perf_counter() - began
 
@@ -377,7 +377,7 @@ def compile_check(name: str, args) -> dict:
                             max_hotspots=args.max_hotspots, min_share=args.min_share)  # fmt: skip
     report = {"model": name, "load_s": time.perf_counter() - began,
               "swapped": [h.name for h in loaded.swapped]}  # fmt: skip
-    choose_under_compile(loaded.model, report)
+    choose_under_compile(loaded.model, inputs, report)
     fns = {
         "compile": forward_of(torch.compile(model), inputs),
         "compile(cudaforge, chosen)": forward_of(torch.compile(loaded.model), inputs),

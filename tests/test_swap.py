@@ -376,3 +376,55 @@ def test_a_channels_last_output_keeps_its_layout():
     assert "cudaforge.hotspot" in " ".join(ops)
     torch.testing.assert_close(compiled_out, expected)
     assert compiled_out.stride() == expected.stride()
+
+
+def test_kernels_kept_under_compile_are_checked_on_the_whole_compiled_model(monkeypatch):
+    """Each kernel beats compile on its hot spot, but the compiled model is slower with them
+    (host time per call): the kernels that gain least step aside until it is faster, and the
+    one that gains most stays. Times are scripted (test fixture); the compiles are real."""
+    from cudaforge.model import under_compile
+
+    model, x, _ = block_with_every_hotspot_swapped()
+    installed = swaps(model)
+    for swap in installed:
+        swap.site.release()
+    per_hot_spot = iter(range(1000))
+
+    def scripted_time(fn, device, queued=False, **_):
+        if queued:  # a hot spot: compiled original 2 + i ms, then its kernel 1 ms
+            i = next(per_hot_spot)
+            return 1.0 if i % 2 else 2.0 + i
+        kept = [s for s in installed if s.under_compile]
+        best = installed_best[0]
+        return 10.0 + 1.0 * len(kept) - (3.5 if best.under_compile else 0.0)
+
+    installed_best = []
+    monkeypatch.setattr(under_compile, "time_call", scripted_time)
+    said = []
+    original_choose = under_compile._choose
+
+    def choose(swap, margin, backend):
+        choice = original_choose(swap, margin, backend)
+        installed_best[:] = [swap]  # the last hot spot timed gains most (2 + i grows)
+        return choice
+
+    monkeypatch.setattr(under_compile, "_choose", choose)
+    choices = under_compile.choose_under_compile(model, (x,), backend="aot_eager",
+                                                 say=said.append)  # fmt: skip
+    assert len(choices) >= 4
+    kept = [c for c in choices if c.under_compile]
+    gains = {c.name: under_compile._gain_ms(c) for c in choices}
+    # 10 + kept - 3.5 must be under 10 / 1.02: three kernels at most, the best among them
+    assert 1 <= len(kept) <= 3 and installed_best[0].under_compile
+    assert min(gains[c.name] for c in kept) >= max(
+        gains[c.name] for c in choices if not c.under_compile
+    )
+    aside = [c for c in choices if not c.under_compile]
+    assert all("the compiled model took" in c.reason for c in aside)
+    assert sum("steps aside under torch.compile (the compiled model" in m for m in said) == len(
+        aside
+    )
+    for choice in choices:  # every site of a hot spot follows its choice
+        for swap in installed:
+            if swap.name == choice.name:
+                assert swap.under_compile == choice.under_compile
