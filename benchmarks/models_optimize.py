@@ -275,9 +275,8 @@ def every_kernel(name, device, store, inputs, eager, args) -> dict:
     }
     print(f"== {name} with every kernel: {found['ms']}; GPU / host: {found['gpu_and_host_ms']}")
     for side, fn in fns.items():
-        print(f"== {name}, {side}: GPU ms per forward by kernel (top 16)")
-        for kernel, kernel_ms in found["kernels_ms"][side]:
-            print(f"  {kernel_ms:8.3f}  {kernel}")
+        print_kernels(f"== {name}, {side}: GPU ms per forward by kernel (top 16)",
+                      found["kernels_ms"][side])  # fmt: skip
         print(f"== {name}, {side}: host time by Python function (cProfile)")
         print(host_profile(fn, steps=10, top=18), flush=True)
     return found
@@ -307,9 +306,8 @@ def measure_training(name: str, device, store, args) -> dict:
     if device == "cuda":
         report["step_kernels_ms"] = {side: step_kernels(fn) for side, fn in steps.items()}
         for side, top in report["step_kernels_ms"].items():
-            print(f"== {name} training step, {side}: GPU ms per step by kernel (top 12)")
-            for kernel, kernel_ms in top:
-                print(f"  {kernel_ms:8.3f}  {kernel}")
+            print_kernels(f"== {name} training step, {side}: GPU ms per step by kernel (top 12)",
+                          top)  # fmt: skip
         for side, fn in steps.items():
             print(f"== {name} training step, {side}: host time by Python function (cProfile)")
             print(host_profile(fn), flush=True)
@@ -336,6 +334,13 @@ def step_kernels(step, steps: int = 2, top: int = 12) -> list:
     rows.sort(key=lambda row: -row[1])
     total = sum(kernel_ms for _, kernel_ms in rows)
     return [("(all kernels)", total)] + rows[:top]
+
+
+def print_kernels(title: str, rows: list) -> None:
+    """step_kernels' rows under a title, one kernel a line."""
+    print(title)
+    for kernel, kernel_ms in rows:
+        print(f"  {kernel_ms:8.3f}  {kernel}")
 
 
 def host_profile(step, steps: int = 3, top: int = 14) -> str:

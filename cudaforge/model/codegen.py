@@ -158,6 +158,17 @@ def _dtype_of(module: nn.Module) -> torch.dtype | None:
 # ---------------------------------------------------------------- problem sources
 
 
+def device_index(device) -> int | None:
+    """Tensor.get_device()'s answer for tensors on this device (-1 on the CPU); None: another
+    kind. A swap's fast checks compare it instead of device objects."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return -1
+    if device.type == "cuda":
+        return device.index if device.index is not None else torch.cuda.current_device()
+    return None
+
+
 @dataclass
 class TensorSpec:
     """What a tensor looked like when it was verified."""
@@ -412,6 +423,7 @@ __all__ = [
     "NotExtractable",
     "TensorSpec",
     "argument_name",
+    "device_index",
     "init_arguments",
     "is_literal",
     "load_problem",

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from .codegen import device_index
 from .hotspot_op import bypassing
 from .sites import Site
 from .swap_errors import SwapError
@@ -170,16 +171,8 @@ class OwnerForward:
     def _prepare_fast(self) -> tuple:
         if not self.call.plain:
             return ()
-        fast = []
-        for spec in self.specs:
-            device = torch.device(spec.device)
-            if device.type not in ("cpu", "cuda"):
-                return ()
-            index = -1 if device.type == "cpu" else device.index
-            if index is None:
-                index = torch.cuda.current_device()
-            fast.append((torch.Size(spec.shape), spec.dtype, index))
-        return tuple(fast)
+        fast = [(torch.Size(s.shape), s.dtype, device_index(s.device)) for s in self.specs]
+        return tuple(fast) if all(index is not None for *_, index in fast) else ()
 
 
 __all__ = ["OwnerForward", "forward_code", "forward_signature"]

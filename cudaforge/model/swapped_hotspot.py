@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from .candidate import build_candidate
-from .codegen import TensorSpec
+from .codegen import TensorSpec, device_index
 from .hotspot_op import EagerHotspot, bypassed, bypassing, recompute_gradients, register
 from .owner_forward import OwnerForward, forward_code, forward_signature
 from .sites import Site, rebuild_output
@@ -234,13 +234,9 @@ class SwappedHotspot:
             outputs = torch.ops.cudaforge.hotspot(self.handle, inputs, tensors)
         else:
             outputs = self.run_kernel(inputs, tensors)
-        if not compiling:
-            self.stats.kernel_calls += 1
-            every = self.verify_every
-            shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
-            if shadow and not self._shadow_check(inputs, tensors, outputs):
-                return self.original(*args, **kwargs)
-        return rebuild_output(outputs, self.site.structure)
+        if compiling:
+            return rebuild_output(outputs, self.site.structure)
+        return self._counted(inputs, tensors, outputs, args, kwargs)
 
     def _prepare_fast(self) -> None:
         """What _fast_match compares, precomputed: (shape, dtype, device index, layout) per
@@ -248,11 +244,11 @@ class SwappedHotspot:
         site = self.site
         self._simple = site.call.plain
         self._inputs_fast = [
-            (torch.Size(s.shape), s.dtype, _device_index(s.device), s.contiguous, s.stride)
+            (torch.Size(s.shape), s.dtype, device_index(s.device), s.contiguous, s.stride)
             for s in site.input_specs
         ]
         self._params_fast = [
-            (torch.Size(s.shape), s.dtype, _device_index(s.device)) for s in self.param_specs
+            (torch.Size(s.shape), s.dtype, device_index(s.device)) for s in self.param_specs
         ]
         slots = []
         for key, tensor in zip(site.root_keys, self.bound):
@@ -301,21 +297,21 @@ class SwappedHotspot:
             self.run_kernel(list(inputs), self.bound)  # builds it (a deep copy's first call)
         output = self.candidate(*inputs)
         outputs = self._laid_out([output] if isinstance(output, Tensor) else list(output))
-        self.stats.kernel_calls += 1
-        every = self.verify_every
-        shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
-        if shadow and not self._shadow_check(list(inputs), self.bound, outputs):
-            return self.original(*args, **kwargs)
-        return rebuild_output(outputs, self.site.structure)
+        return self._counted(list(inputs), self.bound, outputs, args, kwargs)
 
     def _fast_grad_run(self, inputs, args, kwargs):
         """A verified call that autograd records, in eager mode: EagerHotspot, not the custom
         op (the same forward and backward, less host time per call)."""
         outputs = list(EagerHotspot.apply(self, len(inputs), *inputs, *self.bound))
+        return self._counted(inputs, self.bound, outputs, args, kwargs)
+
+    def _counted(self, inputs, tensors, outputs, args, kwargs):
+        """A kernel call's outputs as the original returns them, counted; on a shadow-check
+        call (verify_every), the original's result instead where the kernel drifted."""
         self.stats.kernel_calls += 1
         every = self.verify_every
         shadow = every and (self.stats.kernel_calls - 1) % every == 0 and not _capturing()
-        if shadow and not self._shadow_check(inputs, self.bound, outputs):
+        if shadow and not self._shadow_check(inputs, tensors, outputs):
             return self.original(*args, **kwargs)
         return rebuild_output(outputs, self.site.structure)
 
@@ -488,15 +484,6 @@ def output_layout(spec) -> tuple[int, ...]:
     preserve_format rule, which the custom op's fake outputs follow too)."""
     meta = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
     return tuple(torch.empty_like(meta).stride())
-
-
-def _device_index(device: torch.device) -> int | None:
-    """Tensor.get_device()'s answer for this device (-1 on the CPU); None: another kind."""
-    if device.type == "cpu":
-        return -1
-    if device.type == "cuda":
-        return device.index if device.index is not None else torch.cuda.current_device()
-    return None
 
 
 def _capturing() -> bool:
