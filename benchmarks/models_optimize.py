@@ -218,9 +218,18 @@ def run_model(name: str, args) -> dict:
         compiled["compile"] = forward_of(torch.compile(model), inputs)
         compiled["compile(cudaforge)"] = forward_of(torch.compile(optimized), inputs)
         compiled["compile(cudaforge, chosen)"] = forward_of(torch.compile(chosen), inputs)
+        if args.graphs:  # Inductor's CUDA graphs, its answer to a host-paced forward
+            ro = "reduce-overhead"
+            compiled[f"compile({ro})"] = forward_of(torch.compile(model, mode=ro), inputs)
+            compiled[f"compile(cudaforge, {ro})"] = forward_of(torch.compile(optimized, mode=ro),
+                                                              inputs)  # fmt: skip
         for fn in compiled.values():
             fn()
         report["compile_s"] = time.perf_counter() - began
+    if device == "cuda" and args.graphs:  # each forward replayed as one CUDA graph
+        compiled["eager+graph"] = forward_of(cudaforge.graphed(model, inputs), inputs)
+        compiled["cudaforge+graph"] = forward_of(cudaforge.graphed(optimized, inputs), inputs)
+    if compiled:
         ms = time_side_by_side({**fns, **compiled}, reps=args.reps)
     report["end_to_end_ms"] = ms
     print(f"== {name} inference, ms per forward (medians, interleaved): {ms}", flush=True)
@@ -500,6 +509,9 @@ def main(argv=None) -> int:
                         help="time end to end, training step, load()")  # fmt: skip
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time eager and cudaforge replayed as CUDA graphs "
+                        "(cudaforge.graphed), and torch.compile's reduce-overhead mode")  # fmt: skip
     parser.add_argument("--no-training", action="store_true")
     parser.add_argument("--no-load", action="store_true", help="skip timing load() of a copy")
     parser.add_argument("--keep-all", action="store_true",

@@ -272,20 +272,13 @@ def test_transformer_block_optimized_end_to_end(tmp_path, monkeypatch):
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), expected, rtol=1e-4, atol=1e-4)
 
-        # a CUDA graph captures and replays the swapped kernels
-        static_x = x.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(side):
-            for _ in range(2):
-                optimized(static_x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            static_out = optimized(static_x)
-        static_x.copy_(x)
-        graph.replay()
-        torch.testing.assert_close(static_out, expected, rtol=1e-4, atol=1e-4)
+        # cudaforge.graphed captures the swapped kernels in a CUDA graph and replays them
+        replayed = cudaforge.graphed(optimized, (x.clone(),))
+        calls = sum(s["kernel_calls"] for s in stats(optimized).values())
+        with torch.no_grad():
+            torch.testing.assert_close(replayed(x), expected, rtol=1e-4, atol=1e-4)
+        assert replayed.replays == 1 and replayed.fallbacks == 0
+        assert sum(s["kernel_calls"] for s in stats(optimized).values()) == calls  # no Python
 
         # load(): the stored kernels again, with no LLM, re-verified on this GPU; training=True
         def no_llm(*args, **kwargs):
