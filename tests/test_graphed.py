@@ -75,3 +75,16 @@ def test_a_forward_that_reads_the_gpu_on_the_host_cannot_be_captured():
 
     with pytest.raises(SwapError, match="cannot be captured"):
         cudaforge.graphed(Syncs().cuda(), (torch.ones(4, device="cuda"),))
+
+
+def test_the_report_says_when_the_optimized_forward_waits_for_the_host():
+    from cudaforge.model.outcomes import OptimizeResult
+
+    paced = OptimizeResult(model=nn.Identity(), hotspots=[], before_ms=4.7, after_ms=4.1, max_abs_err=0.0,
+                           outputs_match=True, after_gpu_ms=3.0)  # fmt: skip
+    assert "paced by the host: 4.1 ms per call for 3 ms of GPU work" in paced.report()
+    assert "cudaforge.graphed(model, example_inputs)" in paced.report()
+    busy = OptimizeResult(model=nn.Identity(), hotspots=[], before_ms=4.7, after_ms=3.2, max_abs_err=0.0,
+                          outputs_match=True, after_gpu_ms=3.0)  # fmt: skip
+    assert busy.host_paced == "" and "paced by the host" not in busy.report()
+    assert OptimizeResult(model=nn.Identity(), hotspots=[], after_ms=3.0).host_paced == ""

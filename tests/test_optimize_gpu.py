@@ -259,6 +259,7 @@ def test_transformer_block_optimized_end_to_end(tmp_path, monkeypatch):
             assert hot.worker_result["speedup"] > 1 and hot.speedup > 1
             assert "cuda" in hot.worker_result["device"]  # verified on the GPU, in a worker
         assert result.before_ms > 0 and result.after_ms > 0 and result.speedup is not None
+        assert result.after_gpu_ms is not None and 0 < result.after_gpu_ms <= 1.5 * result.after_ms
         print(f"end-to-end speedup on the H200: {result.speedup:.3f}x")
         optimized = result.model
         with torch.no_grad():

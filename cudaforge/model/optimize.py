@@ -465,6 +465,8 @@ class _Run:
             after_ms = self.time_model()
             if match:
                 after_ms = self.keep_what_speeds_up(before_ms, after_ms)
+        gpu = swaps(self.model) and self.device.type == "cuda"
+        after_gpu_ms = self.time_model(queued=True) if gpu else None
         for swap in swaps(self.model):
             swap.site.release()
         mark("end_to_end")
@@ -486,12 +488,11 @@ class _Run:
             mode=self.mode,
             profile=search.profile.table(8),
             phase_seconds=mark.phases,
+            after_gpu_ms=after_gpu_ms,
         )
         speedup = f"{result.speedup:.2f}x" if result.speedup else "n/a"
-        self.progress.say(
-            f"done: {len(result.swapped)} of {len(hotspots)} hot spot(s) swapped; "
-            f"end-to-end {speedup}"
-        )
+        self.progress.say(f"done: {len(result.swapped)} of {len(hotspots)} hot spot(s) swapped; "
+                          f"end-to-end {speedup}")  # fmt: skip
         return result
 
     def forward(self):
@@ -511,9 +512,10 @@ class _Run:
             self.progress.say(f"no fp32 run of the model for the end-to-end check ({exc})")
             return None
 
-    def time_model(self) -> float:
+    def time_model(self, queued: bool = False) -> float:
         with torch.no_grad():
-            return time_call(lambda: self.model(*self.args, **self.kwargs), self.device)
+            return time_call(lambda: self.model(*self.args, **self.kwargs), self.device,
+                             queued=queued)  # fmt: skip
 
     def check_outputs(self, got, expected, expected32=None) -> tuple[float, bool]:
         actual = [t for t in _leaves(got) if isinstance(t, torch.Tensor)]

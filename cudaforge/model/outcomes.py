@@ -101,6 +101,20 @@ class OptimizeResult:
     # and time before), kernels (agents or store, the worker evaluations), swap (in-process
     # checks and timing), end_to_end (the model with its kernels checked and timed)
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    # the optimized forward's GPU work with its launches queued ahead (GPU only): after_ms well
+    # above it means the host paces the forward (see host_paced)
+    after_gpu_ms: float | None = None
+
+    @property
+    def host_paced(self) -> str:
+        """A line for the report when the optimized forward waits for the host ("" else)."""
+        if not (self.after_ms and self.after_gpu_ms) or self.after_ms < 1.15 * self.after_gpu_ms:
+            return ""
+        return (
+            f"the optimized forward is paced by the host: {self.after_ms:.3g} ms per call for "
+            f"{self.after_gpu_ms:.3g} ms of GPU work. For inference, cudaforge.graphed(model, "
+            "example_inputs) replays it as one CUDA graph"
+        )
 
     @property
     def speedup(self) -> float | None:

@@ -5,6 +5,7 @@ device a model runs on."""
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 QUEUE_CYCLES = 4_000_000  # GPU clock cycles spun ahead of a queued call: about 2 ms at 2 GHz
+CYCLES_PER_MS = 2_000_000  # at 2 GHz, above the H200's 1.98 GHz boost clock
 
 
 def split_inputs(example_inputs) -> tuple[tuple, dict]:
@@ -61,15 +63,22 @@ def time_call(
     """Median time of one call of fn() in ms: CUDA events on a GPU, perf_counter on the CPU.
     Repeats until about target_ms of samples (between min_reps and max_reps).
 
-    queued: on a GPU, each call is enqueued behind QUEUE_MS of spinning, so that the host's
-    work for it (Python, launches) happens while the GPU is still busy, as for an op inside a
-    forward that keeps the GPU busy: the time is then the GPU's own, launch overhead hidden
-    unless it is longer than the spin. Unqueued, an idle GPU waits for the host and the time is
+    queued: on a GPU, each call is enqueued behind a spin (QUEUE_CYCLES, or twice the host's
+    time to issue a call), so that the host's work for it (Python, launches) happens while the
+    GPU is still busy, as for an op inside a forward that keeps the GPU busy: the time is then
+    the GPU's own, launch overhead hidden. Unqueued, an idle GPU waits for the host and the time is
     the host's where the host is slower (a short op called on its own)."""
     device = torch.device(device)
-    for _ in range(warmup):
+    issue_ms = math.inf  # the host's least time to issue a call (the first ones set things up)
+    for _ in range(max(1, warmup)):
+        _synchronize(device)
+        began = time.perf_counter()
         fn()
+        issue_ms = min(issue_ms, (time.perf_counter() - began) * 1e3)
     _synchronize(device)
+    # the spin outlasts the host's work for a call (a forward that issues for 4 ms needs more
+    # than the default), up to about 0.2 s
+    spin = min(max(QUEUE_CYCLES, int(2 * issue_ms * CYCLES_PER_MS)), 100 * QUEUE_CYCLES // 2)
     samples: list[float] = []
     spent = 0.0
     while len(samples) < min_reps or (spent < target_ms and len(samples) < max_reps):
@@ -77,7 +86,7 @@ def time_call(
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             if queued:
-                torch.cuda._sleep(QUEUE_CYCLES)
+                torch.cuda._sleep(spin)
             start.record()
             fn()
             end.record()

@@ -60,6 +60,8 @@ def optimize_text(result) -> str:
         f"{milliseconds(result.before_ms)} -> {milliseconds(result.after_ms)}"
         f" ({times(result.speedup, 'n/a')}); {match}"
     )
+    if result.host_paced:
+        lines.append(result.host_paced)
     lines.append("")
     header = f"{'hot spot':<44} {'share':>6} {'before':>10} {'after':>10} {'speedup':>8}  status"
     lines.append(header)
