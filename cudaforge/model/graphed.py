@@ -7,7 +7,8 @@ of GPU work; with six kernels in, the GPU work fell to 3.0 ms while the host too
 forward was paced by the host (benchmarks/RESULTS.md). A replayed graph is issued in one launch.
 
 `graphed(model, example_inputs)` captures `model(*example_inputs)` under no_grad, after a few
-warm-up calls on a side stream (the allocator and lazy initialization settle there). A call
+warm-up calls on a side stream (the allocator and lazy initialization settle there), the way the
+harness captures a forward to time its replays (harness/graphs.py). A call
 whose tensor arguments match the captured ones (shape, dtype, device, strides) and whose other
 arguments are equal, with gradients off and the model in the mode it was captured in, copies its
 tensors into the graph's inputs and replays; its outputs are clones of the graph's (the next
@@ -31,6 +32,8 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from ..errors import NoGPUError
+from ..harness.evaluation import one_line
+from ..harness.graphs import capture_forward
 from .swap_errors import FallbackWarning, SwapError
 
 
@@ -73,40 +76,21 @@ class GraphedForward(nn.Module):
         self.fallbacks = 0
         self.fallback_reason = ""
         self._warned = False
-        # the graph's own input buffers, same strides as the examples (empty_like keeps them)
-        self._static = tuple(self._buffer(a) for a in example_inputs)
         # read once: walking the parameters on every call costs host time the graph saves
         self._params_need_grad = any(p.requires_grad for p in model.parameters())
-        self._graph, self._outputs = self._capture(max(1, warmup))
-
-    @staticmethod
-    def _buffer(a: Any) -> Any:
-        if not isinstance(a, Tensor):
-            return a
-        static = torch.empty_like(a)
-        static.copy_(a)
-        return static
-
-    def _capture(self, warmup: int):
-        device = next(t.device for t in self._static if isinstance(t, Tensor))
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
+        device = tensors[0].device
         try:
-            with torch.no_grad(), torch.cuda.stream(side):
-                for _ in range(warmup):
-                    self.model(*self._static)
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(graph):
-                outputs = self.model(*self._static)
+            with torch.no_grad():
+                captured = capture_forward(torch, model, list(example_inputs), device,
+                                           warmup=max(1, warmup))  # fmt: skip
         except Exception as exc:
-            torch.cuda.synchronize(device)
             raise SwapError(
-                f"the forward cannot be captured in a CUDA graph: {type(exc).__name__}: {exc} "
-                "(a forward that synchronizes, reads a tensor on the host or changes shape "
-                "from call to call cannot be replayed; run it eagerly)"
+                f"the forward cannot be captured in a CUDA graph: {type(exc).__name__}: "
+                f"{one_line(exc, 300)} (a forward that synchronizes, reads a tensor on the host "
+                "or changes shape from call to call cannot be replayed; run it eagerly)"
             ) from exc
-        return graph, outputs
+        # the graph's own inputs (clones of the examples, same strides) and outputs
+        self._graph, self._static, self._outputs = captured.graph, captured.inputs, captured.output
 
     def why_not_replayed(self, args: Sequence[Any]) -> str:
         """Why this call runs eagerly ("" when it replays)."""
