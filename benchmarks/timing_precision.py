@@ -177,6 +177,9 @@ def one_evaluation(pool, cand: Candidate, rule: str, trials: int, **more) -> dic
         "reference_cupti_busy_ms": t.get("reference_cupti_busy_ms"),
         "reference_host_ms": t.get("reference_host_ms"),
         "reference_eager_ms": (t.get("reference_eager") or {}).get("median_ms"),
+        # where the evaluation's time went: its phases, the timing phase's parts, the captures
+        "phases": r.phase_seconds, "timing_parts": t.get("phase_s"),
+        "graph_capture_s": t.get("graph_capture_s"),
         # which processes had SM time during the evaluation (NVML), for a disturbed one
         "gpu_processes": activity.summary(), "gpu_activity": activity.unavailable or "sampled",
     }  # fmt: skip

@@ -151,6 +151,10 @@ def test_the_adaptive_rule_interleaves_the_sides_until_the_rule_holds(pool):
     assert r.speedup == pytest.approx(r.reference_ms / r.candidate_ms)
     assert r.timing["speedup_basis"] == "eager" and "candidate_graph" not in r.timing
     assert EvalResult.from_json(r.to_json()).candidate_high_ms == cand["high_ms"]
+    # where the timing phase's time went, in parts that add up to no more than the phase
+    parts = r.timing["phase_s"]
+    assert {"warm-up", "timed runs", "traced and checked runs", "graphs"} <= set(parts)
+    assert 0 < sum(parts.values()) <= r.phase_seconds["timing"] + 1e-3
 
 
 def test_results_round_trip_through_json(pool):

@@ -16,6 +16,7 @@ reason in timing["graph"]; only a failure that kills the CUDA context ends the e
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,7 @@ class GraphTiming(Evaluation):
             )
             return None
         captured: list[CapturedForward] = []
+        began = time.perf_counter()
         try:
             for model, who in ((self.candidate, "candidate"), (self.reference, "reference")):
                 got = self.capture_side(model, who)
@@ -122,6 +124,7 @@ class GraphTiming(Evaluation):
                     r.timing["graph"] = f"not capturable: {got}"
                     return None
                 captured.append(got)
+            r.timing["graph_capture_s"] = round(time.perf_counter() - began, 4)
             base = opts.seed + 500_000
             sides = [
                 GraphSide(self, captured[0], "candidate", base),

@@ -123,8 +123,10 @@ class TimingPhases(GraphTiming):
             cand = self.measure(self.candidate, "candidate", sets, tracer)
             self.check_tampering("the candidate's timed runs")
             ref = self.measure(self.reference, "reference", sets, tracer)
+        began = time.perf_counter()
         graph = self.graph_timing(cand.summary, ref.summary, self.stopping_rule() if adaptive
                                   else None)  # fmt: skip
+        self.spent("graphs", began)
         if graph is not None:
             self.check_tampering("the graph captures")
         elif adaptive:  # the eager runs decide: timed in full, and again when disturbed
@@ -193,6 +195,12 @@ class TimingPhases(GraphTiming):
                     f"work) than to run ({gpu_ms:.3g} ms on the GPU): where the GPU waits for the "
                     "host, its launches, not its kernels, set the pace"
                 )
+
+    def spent(self, part: str, began: float) -> None:
+        """Add the seconds since `began` to timing["phase_s"][part]: where the timing phase's
+        time goes (warm-up, timed runs, traced and checked runs, graphs), per evaluation."""
+        parts = self.result.timing.setdefault("phase_s", {})
+        parts[part] = round(parts.get(part, 0.0) + time.perf_counter() - began, 4)
 
     def input_set_count(self, sides: int = 1) -> int:
         """At most opts.input_sets buffers per side, fewer when they would not fit (a quarter of
@@ -312,6 +320,7 @@ class TimingPhases(GraphTiming):
         (interleave.py), then each side's traced and checked runs. short: stop after min_runs
         when a side's median is under graph_below_ms (its graph replays are timed next)."""
         sides, per_round = [], 0.0
+        began = time.perf_counter()
         for model, who in ((self.candidate, "candidate"), (self.reference, "reference")):
             buffers = self.side_buffers(who, sets)
             if self.cuda:
@@ -326,16 +335,21 @@ class TimingPhases(GraphTiming):
                                    host_s=self.warm_host_s.get(who, 0.0)))  # fmt: skip
         rule = self.stopping_rule()
         graphs = self.cuda and self.opts.cuda_graphs and short
+        self.spent("warm-up", began)
+        began = time.perf_counter()
         times, stops = time_interleaved(sides, rule, block=block_for(per_round),
                                         short_ms=self.opts.graph_below_ms if graphs else None)
         self.sync("candidate")
+        self.spent("timed runs", began)
         self.check_tampering("the timed runs")
+        began = time.perf_counter()
         found = []
         for side, t, stop in zip(sides, times, stops):
             m = self.traced_and_checked(side.model, side.who, side.buffers, side.seed + len(t),
                                         len(t), tracer)  # fmt: skip
             m.times, m.summary, m.host_ms = t, rule.summary(t, stop), side.host_ms()
             found.append(m)
+        self.spent("traced and checked runs", began)
         return found[0], found[1]
 
     def traced_and_checked(self, model, who: str, buffers: list, seed: int, first: int,
