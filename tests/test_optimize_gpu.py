@@ -248,9 +248,14 @@ def test_transformer_block_optimized_end_to_end(tmp_path, monkeypatch):
         expected = model(x)
     store = KernelStore(tmp_path / "kernels.sqlite3")
     with cudaforge.WorkerPool(1) as pool:
+        # min_speedup=0: every correct kernel stays in, so that what follows runs with both
+        # fixtures swapped. Whether a kernel speeds the model up is judged on its end-to-end time,
+        # and this 0.55 ms block is paced by the host: on the H200 at 08:28 the GELU kernel,
+        # 4.33x on its own, was taken out once ("the model took 0.77 ms with it and 0.541 ms
+        # before") and kept at 08:20 (1.05x). That rule is tested on the CPU (test_optimize_cpu).
         result = cudaforge.optimize(
             model, (x,), llm=fixture_llm(), rounds=1, pool=pool, store=store, min_share=0.0,
-            verify_every=50,
+            verify_every=50, min_speedup=0,
         )  # fmt: skip
         print(result.report())
         attention, gelu = outcome(result, "softmax"), outcome(result, "NewGELU")
@@ -293,7 +298,7 @@ def test_transformer_block_optimized_end_to_end(tmp_path, monkeypatch):
         monkeypatch.setattr("cudaforge.agents.providers.get_provider", no_llm)
         monkeypatch.setattr("cudaforge.agents.loop.get_provider", no_llm)
         loaded = cudaforge.load(
-            model, (x,), pool=pool, store=store, min_share=0.0, training=True
+            model, (x,), pool=pool, store=store, min_share=0.0, training=True, min_speedup=0
         )  # fmt: skip
     print(loaded.report())
     for text in kept:
