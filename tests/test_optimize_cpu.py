@@ -291,17 +291,28 @@ def test_a_kernel_that_slows_the_whole_model_is_taken_out(net, pool, tmp_path, m
     monkeypatch.setattr(swap_module, "measure", fast_alone)
     # CPU timings are noise: the worker's verdict counts as faster whatever its speedup
     monkeypatch.setattr(optimize_module._Run, "faster", lambda run, result: result.ok)
-    monkeypatch.setattr(optimize_module._Run, "time_model",
-                        lambda run: 3.0 if swaps(run.model) else 1.0)  # fmt: skip
+    pairs = []
+
+    def scripted_time(run, queued=False, against=None):
+        ms = 3.0 if swaps(run.model) else 1.0
+        if against is None:
+            return ms
+        pairs.append((against is run.user_model, run.model is not against))
+        return 1.2, ms  # the original's time, taken again beside the optimized model's
+
+    monkeypatch.setattr(optimize_module._Run, "time_model", scripted_time)
     model, x = net
     result = run(model, x, False, pool, scripted([GELU_FUSED]), targets=["NewGELU"],
                  min_speedup=1.0)  # fmt: skip
     gelu = outcome(result, "NewGELU")
     assert gelu.status == "slower_here" and "the model took 3 ms with it and 1 ms" in gelu.detail
     assert swaps(result.model) == [] and result.after_ms == result.before_ms == 1.0
-    # min_speedup=0 asks for every verified kernel, whatever the model's time
+    assert pairs == []  # nothing swapped: nothing to time side by side
+    # min_speedup=0 asks for every verified kernel, whatever the model's time; the reported
+    # before and after are then timed interleaved, the user's model against the optimized copy
     kept = run(model, x, False, pool, scripted([GELU_FUSED]), targets=["NewGELU"])
     assert outcome(kept, "NewGELU").status == "swapped" and kept.after_ms == 3.0
+    assert kept.before_ms == 1.2 and pairs == [(True, True)]
 
 
 def test_a_bf16_model_is_checked_end_to_end_against_its_fp32_run(net, pool, tmp_path,
@@ -410,3 +421,13 @@ def test_a_hot_spots_sites_are_each_checked_and_timed_once(pool, tmp_path, monke
     assert first["kernel_ms"] > 0 and first["original_ms"] > 0
     assert second["kernel_ms"] is None and second["original_ms"] is None  # the first's stand
     assert gelu.speedup == first["original_ms"] / first["kernel_ms"]
+
+
+def test_time_calls_alternates_the_calls_and_gives_each_its_median():
+    from cudaforge.model.timing import time_calls
+
+    order = []
+    found = time_calls([lambda: order.append("a"), lambda: order.append("b")], "cpu",
+                       min_reps=4, max_reps=4, warmup=1)  # fmt: skip
+    assert order[:2] == ["a", "b"]  # the warm-up, one call each
+    assert order[2:] == ["a", "b"] * 4 and len(found) == 2 and all(ms >= 0 for ms in found)

@@ -52,7 +52,7 @@ from .store import KernelStore
 from .swap import restore, swap_in, swaps
 from .swap_compare import compare, model_in_fp32
 from .swap_errors import SwapError
-from .timing import model_device, split_inputs, time_call
+from .timing import model_device, split_inputs, time_calls
 
 Evaluate = Callable[[str, str], EvalResult]
 
@@ -465,6 +465,8 @@ class _Run:
             after_ms = self.time_model()
             if match:
                 after_ms = self.keep_what_speeds_up(before_ms, after_ms)
+        if swaps(self.model) and self.user_model is not self.model:  # interleaved: drift hits both
+            before_ms, after_ms = self.time_model(against=self.user_model)
         gpu = swaps(self.model) and self.device.type == "cuda"
         after_gpu_ms = self.time_model(queued=True) if gpu else None
         for swap in swaps(self.model):
@@ -512,10 +514,13 @@ class _Run:
             self.progress.say(f"no fp32 run of the model for the end-to-end check ({exc})")
             return None
 
-    def time_model(self, queued: bool = False) -> float:
+    def time_model(self, queued: bool = False, against: nn.Module | None = None):
+        """ms per forward of the model; with `against`: (its ms, the model's), interleaved."""
+        models = [self.model] if against is None else [against, self.model]
         with torch.no_grad():
-            return time_call(lambda: self.model(*self.args, **self.kwargs), self.device,
-                             queued=queued)  # fmt: skip
+            found = time_calls([lambda m=m: m(*self.args, **self.kwargs) for m in models],
+                               self.device, queued=queued)  # fmt: skip
+        return found[0] if against is None else tuple(found)
 
     def check_outputs(self, got, expected, expected32=None) -> tuple[float, bool]:
         actual = [t for t in _leaves(got) if isinstance(t, torch.Tensor)]
@@ -663,9 +668,8 @@ def optimize(
     replies and evaluations replayed, and evaluates the best recorded kernel again before it
     counts. With `file:DIR?wait=0` a hot spot whose reply is not written yet stops with its
     prompt files in `.waiting_for` (result.waiting_for lists all); run again once they are
-    answered. cluster: "ray" evaluates
-    on a Ray cluster when no pool is given (a cudaforge.RayPool on the cluster RAY_ADDRESS names,
-    or a local instance; closed at the end).
+    answered. cluster: "ray" evaluates on a Ray cluster when no pool is given (a
+    cudaforge.RayPool on the cluster RAY_ADDRESS names, or a local instance; closed at the end).
 
     Raises HotspotError when the model cannot be handled (the message says what and why)."""
     if cluster not in (None, "ray"):
@@ -686,13 +690,8 @@ def optimize(
         judge_provider = coder
     else:
         judge_provider = get_provider(llm if judge is None else judge, role="judge")
-    agent_options: dict[str, Any] = {
-        "coder": coder,
-        "judge": judge_provider,
-        "rounds": rounds,
-        "candidates": candidates,
-        "gpu": _gpu_text(run.device),
-    }
+    agent_options: dict[str, Any] = {"coder": coder, "judge": judge_provider, "rounds": rounds,
+                                     "candidates": candidates, "gpu": _gpu_text(run.device)}
     if seconds is not None:
         agent_options["deadline"] = time.monotonic() + seconds
     if dollars is not None:

@@ -68,37 +68,49 @@ def time_call(
     GPU is still busy, as for an op inside a forward that keeps the GPU busy: the time is then
     the GPU's own, launch overhead hidden. Unqueued, an idle GPU waits for the host and the time is
     the host's where the host is slower (a short op called on its own)."""
+    return time_calls([fn], device, min_reps=min_reps, max_reps=max_reps, target_ms=target_ms,
+                      warmup=warmup, queued=queued)[0]  # fmt: skip
+
+
+def time_calls(fns: Sequence[Callable[[], Any]], device, *, min_reps: int = 5,
+               max_reps: int = 100, target_ms: float = 60.0, warmup: int = 2,
+               queued: bool = False) -> list[float]:  # fmt: skip
+    """time_call of each of fns, their calls alternated (a, b, a, b, ...): what drifts while
+    they are timed (clocks, the host's load) hits each alike. Median ms per fn, in order."""
     device = torch.device(device)
-    issue_ms = math.inf  # the host's least time to issue a call (the first ones set things up)
-    for _ in range(max(1, warmup)):
-        _synchronize(device)
-        began = time.perf_counter()
-        fn()
-        issue_ms = min(issue_ms, (time.perf_counter() - began) * 1e3)
-    _synchronize(device)
-    # the spin outlasts the host's work for a call (a forward that issues for 4 ms needs more
-    # than the default), up to about 0.2 s
-    spin = min(max(QUEUE_CYCLES, int(2 * issue_ms * CYCLES_PER_MS)), 100 * QUEUE_CYCLES // 2)
-    samples: list[float] = []
-    spent = 0.0
-    while len(samples) < min_reps or (spent < target_ms and len(samples) < max_reps):
-        if device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            if queued:
-                torch.cuda._sleep(spin)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
+    spins = []
+    for fn in fns:
+        issue_ms = math.inf  # the host's least time to issue a call (the first ones set up)
+        for _ in range(max(1, warmup)):
+            _synchronize(device)
             began = time.perf_counter()
             fn()
-            ms = (time.perf_counter() - began) * 1e3
-        samples.append(ms)
-        spent += ms
-    return statistics.median(samples)
+            issue_ms = min(issue_ms, (time.perf_counter() - began) * 1e3)
+        # the spin outlasts the host's work for a call (a forward that issues for 4 ms needs
+        # more than the default), up to about 0.1 s
+        spins.append(min(max(QUEUE_CYCLES, int(2 * issue_ms * CYCLES_PER_MS)), 50 * QUEUE_CYCLES))
+    _synchronize(device)
+    samples: list[list[float]] = [[] for _ in fns]
+    spent = 0.0
+    while len(samples[0]) < min_reps or (spent < target_ms and len(samples[0]) < max_reps):
+        for fn, spin, taken in zip(fns, spins, samples):
+            if device.type == "cuda":
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                if queued:
+                    torch.cuda._sleep(spin)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end)
+            else:
+                began = time.perf_counter()
+                fn()
+                ms = (time.perf_counter() - began) * 1e3
+            taken.append(ms)
+        spent = max(sum(taken) for taken in samples)
+    return [statistics.median(taken) for taken in samples]
 
 
 # ---------------------------------------------------------------- profile
@@ -265,4 +277,5 @@ __all__ = [
     "profile_model",
     "split_inputs",
     "time_call",
+    "time_calls",
 ]
