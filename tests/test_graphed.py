@@ -91,4 +91,3 @@ def test_the_report_says_when_the_optimized_forward_waits_for_the_host():
                           outputs_match=True, after_gpu_ms=3.0)  # fmt: skip
     assert busy.host_paced == "" and "paced by the host" not in busy.report()
     assert OptimizeResult(model=nn.Identity(), hotspots=[], after_ms=3.0).host_paced == ""
-
