@@ -15,7 +15,9 @@ side in one process (medians of interleaved runs, CUDA events):
   model with the stored kernels (forward and backward) applied by cudaforge.load(training=True)
   against eager, and the
   gradients of one step compared;
-- store and reuse: cudaforge.load() of a fresh copy, in seconds, with no LLM.
+- store and reuse: cudaforge.load() of a fresh copy, in seconds, with no LLM;
+- with --graphs also eager and the optimized model replayed as one CUDA graph each
+  (cudaforge.graphed), and torch.compile's reduce-overhead mode of both (for host-paced models).
 
     python benchmarks/models_optimize.py gpt2 resnet50 --rounds 3 \\
         --llm "file:benchmarks/runs/models/llm?wait=0" --out benchmarks/runs/models     # GPU

@@ -87,6 +87,7 @@ def test_the_report_says_when_the_optimized_forward_waits_for_the_host():
                            outputs_match=True, after_gpu_ms=3.0)  # fmt: skip
     assert "paced by the host: 4.1 ms per call for 3 ms of GPU work" in paced.report()
     assert "cudaforge.graphed(model, example_inputs)" in paced.report()
+    assert "paced by the host" in paced._repr_html_()  # the notebook's report says it too
     busy = OptimizeResult(model=nn.Identity(), hotspots=[], before_ms=4.7, after_ms=3.2, max_abs_err=0.0,
                           outputs_match=True, after_gpu_ms=3.0)  # fmt: skip
     assert busy.host_paced == "" and "paced by the host" not in busy.report()
