@@ -259,15 +259,12 @@ def test_transformer_block_optimized_end_to_end(tmp_path, monkeypatch):
         )  # fmt: skip
         print(result.report())
         attention, gelu = outcome(result, "softmax"), outcome(result, "NewGELU")
-        assert gelu.status == "swapped", (gelu.name, gelu.status, gelu.detail)
+        for hot in (attention, gelu):  # both in: min_speedup=0
+            assert hot.status == "swapped", (hot.name, hot.status, hot.detail)
+            assert "cuda" in hot.worker_result["device"]  # verified on the GPU, in a worker
+        # GELU is faster; the attention fixture is correct but, timed on the GPU's work with
+        # the reference's launches queued ahead, 0.62-0.64x of PyTorch's kernels on the H200
         assert gelu.worker_result["speedup"] > 1 and gelu.speedup > 1
-        assert "cuda" in gelu.worker_result["device"]  # verified on the GPU, in a worker
-        # the attention fixture is correct but, timed on the GPU's work with the reference's
-        # launches queued ahead, not faster than PyTorch's kernels at this size (0.63x on the
-        # H200 at 2026-12-04 08:20): it stays out, and says why
-        assert attention.status == "swapped" or "last: correct" in attention.detail, (
-            attention.status, attention.detail)  # fmt: skip
-        kept = [t for t, h in (("softmax", attention), ("NewGELU", gelu)) if h.status == "swapped"]
         assert result.before_ms > 0 and result.after_ms > 0 and result.speedup is not None
         assert result.after_gpu_ms is not None and 0 < result.after_gpu_ms <= 1.5 * result.after_ms
         print(f"end-to-end speedup on the H200: {result.speedup:.3f}x")
@@ -301,7 +298,7 @@ def test_transformer_block_optimized_end_to_end(tmp_path, monkeypatch):
             model, (x,), pool=pool, store=store, min_share=0.0, training=True, min_speedup=0
         )  # fmt: skip
     print(loaded.report())
-    for text in kept:
+    for text in ("softmax", "NewGELU"):
         hot = outcome(loaded, text)
         assert hot.status == "swapped" and hot.origin == "store", (hot.status, hot.detail)
         assert all(check["gradient_checked"] for check in hot.checks)
