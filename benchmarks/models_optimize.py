@@ -415,11 +415,10 @@ def start_training_loops(args) -> list:
     it; named and placed as the GPU run's optimize() names and places them, with the GPU's facts
     from the inference transcript. The prompt files still to answer."""
     from cudaforge.agents.loop import run_loop
-    from cudaforge.agents.resume import RecordedRun
+    from cudaforge.agents.resume import RecordedRun, transcript_file_name, transcript_for
     from cudaforge.model.backward import backward_name, backward_problem
     from cudaforge.model.codegen import NotExtractable
     from cudaforge.model.hotspots import find_hotspots
-    from cudaforge.model.optimize import _file_name, transcript_for
 
     def no_evaluation(problem_source, candidate_source):
         raise RuntimeError("a candidate to evaluate: the next GPU run does it")
@@ -434,7 +433,7 @@ def start_training_loops(args) -> list:
         pending = [
             h
             for h in recorded.values()
-            if not (folder / f"{_file_name(backward_name(h['name']))}.jsonl").exists()
+            if not (folder / f"{transcript_file_name(backward_name(h['name']))}.jsonl").exists()
         ]
         if not pending:
             continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,4 +108,28 @@ def recorded_problem(path: str | os.PathLike) -> str | None:
     return run.problem_source or None if run is not None else None
 
 
-__all__ = ["RecordedRun", "read_records", "recorded_problem", "source_sha256"]
+def transcript_for(folder: Path, name: str, problem_source: str) -> tuple[str, Path]:
+    """(run name, transcript path) of a hot spot's loop in a transcripts folder: its name's
+    file, resumed by the next run; where that file records another problem (the model or its
+    inputs changed since), the name with the problem's hash, a transcript (and a file:
+    provider's folder) of its own beside the other, which is kept."""
+    path = Path(folder) / f"{transcript_file_name(name)}.jsonl"
+    recorded = RecordedRun.read(path)
+    if recorded is not None and recorded.of_another_problem(problem_source):
+        name = f"{name} [{source_sha256(problem_source)[:8]}]"
+        path = Path(folder) / f"{transcript_file_name(name)}.jsonl"
+    return name, path
+
+
+def transcript_file_name(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", name).strip("._") or "hotspot"
+
+
+__all__ = [
+    "RecordedRun",
+    "read_records",
+    "recorded_problem",
+    "source_sha256",
+    "transcript_file_name",
+    "transcript_for",
+]

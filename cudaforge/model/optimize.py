@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..agents.resume import RecordedRun, source_sha256
+from ..agents.resume import transcript_for
 from ..errors import CudaforgeError
 from ..harness.results import EvalResult
 from ..reporting.formatting import times
@@ -462,11 +461,9 @@ class _Run:
                             "the model's output with all kernels differs from the original's "
                             f"(max abs error {max_abs_err:.3g}); every kernel was taken out"
                         )
-            after_ms = self.time_model()
+            before_ms, after_ms = self.time_pair(before_ms)
             if match:
-                after_ms = self.keep_what_speeds_up(before_ms, after_ms)
-        if swaps(self.model) and self.user_model is not self.model:  # interleaved: drift hits both
-            before_ms, after_ms = self.time_model(against=self.user_model)
+                before_ms, after_ms = self.keep_what_speeds_up(before_ms, after_ms)
         gpu = swaps(self.model) and self.device.type == "cuda"
         after_gpu_ms = self.time_model(queued=True) if gpu else None
         for swap in swaps(self.model):
@@ -522,6 +519,14 @@ class _Run:
                                self.device, queued=queued)  # fmt: skip
         return found[0] if against is None else tuple(found)
 
+    def time_pair(self, before_ms: float) -> tuple[float, float]:
+        """(original, optimized) ms per forward: the user's model and the optimized copy timed
+        interleaved, so that drift hits both (the original's time from before the search can be
+        minutes old); in place, `before_ms` and the model timed now."""
+        if self.user_model is not self.model:
+            return self.time_model(against=self.user_model)
+        return before_ms, self.time_model()
+
     def check_outputs(self, got, expected, expected32=None) -> tuple[float, bool]:
         actual = [t for t in _leaves(got) if isinstance(t, torch.Tensor)]
         wanted = [t for t in _leaves(expected) if isinstance(t, torch.Tensor)]
@@ -531,12 +536,12 @@ class _Run:
         worst, problem = compare(actual, wanted, _loose(self.tolerance, wanted), wanted32)
         return (worst.max_abs_err if worst else math.inf), not problem
 
-    def keep_what_speeds_up(self, before_ms: float, after_ms: float) -> float:
+    def keep_what_speeds_up(self, before_ms: float, after_ms: float) -> tuple[float, float]:
         """While the model with its kernels is slower than without (beyond 1%; min_speedup
-        scales the bar, 0 turns this off), take out the
-        hot spot whose kernel gained least in this process and time again. A kernel faster on
-        its own can make the model slower (host work where the forward is launch-bound, a
-        layout conversion). Returns the model's time with what is left."""
+        scales the bar, 0 turns this off), take out the hot spot whose kernel gained least in
+        this process and time both again (time_pair). A kernel faster on its own can make the
+        model slower (host work where the forward is launch-bound, a layout conversion).
+        Returns (original, optimized) ms with what is left."""
         while self.min_speedup > 0 and after_ms * self.min_speedup > before_ms * 1.01:
             # a backward kernel runs only in a training step, which this forward does not time
             swapped = [o for o in self.outcomes.values()
@@ -552,8 +557,10 @@ class _Run:
                 f"{least.speedup or 0:.2f}x on its own in this process, but the model took "
                 f"{after_ms:.3g} ms with it and {before_ms:.3g} ms before; taken out"
             )
-            after_ms = self.time_model() if swaps(self.model) else before_ms
-        return after_ms
+            if not swaps(self.model):
+                return before_ms, before_ms
+            before_ms, after_ms = self.time_pair(before_ms)
+        return before_ms, after_ms
 
 
 def _one_line(result: EvalResult) -> str:
@@ -581,23 +588,6 @@ def _device_text(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} ({device})"
     return str(device)
-
-
-def transcript_for(folder: Path, name: str, problem_source: str) -> tuple[str, Path]:
-    """(run name, transcript path) of a hot spot's loop in a transcripts folder: its name's
-    file, resumed by the next run; where that file records another problem (the model or its
-    inputs changed since), the name with the problem's hash, a transcript (and a file:
-    provider's folder) of its own beside the other, which is kept."""
-    path = Path(folder) / f"{_file_name(name)}.jsonl"
-    recorded = RecordedRun.read(path)
-    if recorded is not None and recorded.of_another_problem(problem_source):
-        name = f"{name} [{source_sha256(problem_source)[:8]}]"
-        path = Path(folder) / f"{_file_name(name)}.jsonl"
-    return name, path
-
-
-def _file_name(name: str) -> str:
-    return re.sub(r"[^\w.-]+", "_", name).strip("._") or "hotspot"
 
 
 def _store(store) -> KernelStore | None:
@@ -746,4 +736,4 @@ def apply_stored(
 load = apply_stored  # the name it had first
 
 
-__all__ = ["apply_stored", "load", "optimize", "transcript_for"]
+__all__ = ["apply_stored", "load", "optimize"]
