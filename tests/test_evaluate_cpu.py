@@ -850,3 +850,23 @@ def test_persisting_l2_is_read_and_reset_through_the_c_core(monkeypatch):
 
     monkeypatch.setattr(core, "persisting_l2_limit", no_context)
     assert "cuCtxGetLimit" in _PersistingL2("cuda:0").reason
+
+
+def test_a_worker_leaves_the_cleanup_to_its_exit(monkeypatch):
+    # a worker runs one evaluation and exits: collecting garbage first only delays its result
+    from cudaforge.harness import evaluation, worker
+    from cudaforge.harness.evaluate import run_evaluation
+    from cudaforge.harness.options import make_options
+    from cudaforge.profiling import profiler
+
+    monkeypatch.setattr(evaluation, "EXITS_AFTER", False)
+    monkeypatch.setattr(profiler, "KEEP_ENABLED", profiler.KEEP_ENABLED)
+    collected = []
+    monkeypatch.setattr(evaluation.gc, "collect", lambda *a: collected.append(1))
+    options = make_options(device="cpu", **FAST)
+    assert run_evaluation(RELU, GOOD_RELU, options).status == "ok"
+    assert collected  # in-process: the evaluation's tensors go before it returns
+    collected.clear()
+    assert worker._warm_up() == "cpu" and evaluation.EXITS_AFTER is True
+    assert run_evaluation(RELU, GOOD_RELU, options).status == "ok"
+    assert collected == []

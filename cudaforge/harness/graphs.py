@@ -68,6 +68,17 @@ def capture_forward(torch, model, inputs: list, device, warmup: int = WARMUP_CAL
     return CapturedForward(graph, static, output)
 
 
+def warm_capture(torch, device) -> None:
+    """A tiny forward captured and replayed once, for a worker to start with: an evaluation in a
+    fresh worker spent 0.2-0.4 s capturing its two graphs on the H200, one in a process that had
+    captured before 7 ms (RESULTS.md, "Where one evaluation's time goes")."""
+    x = torch.zeros(16, device=device)
+    captured = capture_forward(torch, lambda t: t * 2 + 1, [x], device, warmup=1)
+    captured.graph.replay()
+    torch.cuda.synchronize(device)
+    captured.graph.reset()
+
+
 def _end_generator_capture(torch) -> None:
     """After a failed capture, put the CUDA random generators back out of capture mode.
 
@@ -189,4 +200,4 @@ def _first_cause(e: BaseException) -> str:
     return said if first is e else f"{said} (then {type(e).__name__}: {one_line(e, 120)})"
 
 
-__all__ = ["CapturedForward", "GraphTiming", "capture_forward", "copied_output"]
+__all__ = ["CapturedForward", "GraphTiming", "capture_forward", "copied_output", "warm_capture"]

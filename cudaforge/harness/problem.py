@@ -531,11 +531,19 @@ def _flatten(out) -> list:
 
 @contextlib.contextmanager
 def _seeded(seed: int):
-    """Seed Python's and torch's generators (CPU and every CUDA device)."""
+    """Seed Python's and torch's generators (CPU and every CUDA device), as torch.manual_seed
+    does for them. Not torch.manual_seed itself: it also seeds the XPU and MTIA generators,
+    whose lazy seeding formats a Python stack each time (0.7 ms per call on the H200's host, and
+    an evaluation draws fresh inputs before every timed run)."""
     import torch
 
     random.seed(seed)
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        for generator in torch.cuda.default_generators:
+            generator.manual_seed(seed)
+    elif torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)  # queued for the CUDA initialization
     yield
 
 

@@ -25,15 +25,19 @@ def _warm_up() -> str:
 
     from ..profiling import profiler
     from ..profiling.l2_flush import l2_flush
+    from . import evaluation
     from .evaluate import run_evaluation  # noqa: F401 - imported now, not in the evaluation
+    from .graphs import warm_capture
 
     # this process profiles candidates and nothing else: keep the Range Profiler enabled
     profiler.KEEP_ENABLED = os.environ.get("CUDAFORGE_PROFILER_KEEP", "1") != "0"
+    evaluation.EXITS_AFTER = True  # one evaluation, then the process ends: no cleanup for later
     if not torch.cuda.is_available():
         return "cpu"
     device = torch.device("cuda", torch.cuda.current_device())
     torch.zeros(1, device=device)
     l2_flush(device)  # allocated once per process: the evaluation finds it ready
+    warm_capture(torch, device)  # a process's first graph capture costs the most
     return f"cuda:{device.index} {torch.cuda.get_device_name(device)}"
 
 
