@@ -9,10 +9,11 @@ preparation (fresh inputs, flush, L2 check).
 
 In-process on purpose: a profiler cannot reach into a worker. The candidates are cudaforge's own
 example kernels (cudaforge/examples/), not model-written code. Each candidate is evaluated once
-to warm the caches, then once profiled.
+to warm the caches, then once profiled (`--warm` for a process's first evaluation).
 
     python benchmarks/eval_profile.py --out $OUT/profile            # on the H200
     python benchmarks/eval_profile.py --only l1_088_gelu/small --top 40
+    python benchmarks/eval_profile.py --only l1_088_gelu/small --warm none  # a first evaluation
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def instrument(torch) -> Timers:
     return t
 
 
-def profile_one(name: str, top: int, timers: Timers) -> dict:
+def profile_one(name: str, top: int, timers: Timers, warm_with: str = "eval") -> dict:
     from timing_precision import candidates
 
     from cudaforge.harness.evaluate import run_evaluation
@@ -94,7 +95,15 @@ def profile_one(name: str, top: int, timers: Timers) -> dict:
         raise SystemExit(f"no candidate named {name}")
     cand = found[0]
     opts = make_options(trials=5, timed_runs=100, warmup=10, device="cuda")
-    warm = run_evaluation(cand.problem, cand.source, opts)  # compiles, caches, lazy loads
+    warm = None
+    if warm_with == "eval":  # compiles, caches, lazy loads
+        warm = run_evaluation(cand.problem, cand.source, opts).status
+    elif warm_with == "capture":  # what a worker does before its evaluation
+        import torch
+
+        from cudaforge.harness.graphs import warm_capture
+
+        warm_capture(torch, torch.device("cuda", torch.cuda.current_device()))
     timers.reset()
     profiler = cProfile.Profile()
     started = time.perf_counter()
@@ -107,7 +116,7 @@ def profile_one(name: str, top: int, timers: Timers) -> dict:
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("tottime").print_stats(top)
     return {
-        "name": name, "status": result.status, "warm_status": warm.status, "seconds": seconds,
+        "name": name, "status": result.status, "warmed_with": warm_with, "warm_status": warm, "seconds": seconds,
         "phases": result.phase_seconds, "timing_parts": result.timing.get("phase_s"),
         "graph_capture_s": result.timing.get("graph_capture_s"),
         "basis": result.timing.get("speedup_basis"), "timers": timers.rows(),
@@ -119,6 +128,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=DEFAULT, help="comma-separated candidate names")
     ap.add_argument("--top", type=int, default=30, help="functions listed per sort")
+    ap.add_argument(
+        "--warm",
+        choices=("eval", "capture", "none"),
+        default="eval",
+        help="before the profiled evaluation: one of the same candidate (default), "
+        "a worker's graph warm-up, or nothing (the process's first evaluation, as "
+        "in a fresh worker; run one candidate per process then)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     import torch
@@ -128,7 +145,7 @@ def main(argv=None) -> int:
         return 2
     report, timers = [], instrument(torch)
     for name in args.only.split(","):
-        got = profile_one(name, args.top, timers)
+        got = profile_one(name, args.top, timers, args.warm)
         report.append(got)
         print(f"== {name}: {got['status']}, {got['seconds']:.3f} s, basis {got['basis']}")
         print("   phases:", {k: round(v, 3) for k, v in got["phases"].items()})

@@ -114,7 +114,8 @@ def test_correct_candidate_is_ok_with_times_and_the_schema_filled(pool):
                   "bandwidth_floor"):  # fmt: skip
         assert r.guards_skipped[guard]
     assert set(r.guards_passed) | set(r.guards_skipped) == set(GUARDS)
-    assert {"load", "correctness", "timing", "revalidation", "total"} <= set(r.phase_seconds)
+    phases = {"setup", "load", "correctness", "timing", "revalidation", "end", "cleanup", "total"}
+    assert phases <= set(r.phase_seconds)
 
 
 def test_on_a_cpu_the_fixed_rule_times_the_sides_one_after_the_other(pool):

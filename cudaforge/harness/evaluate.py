@@ -140,7 +140,9 @@ def run_evaluation(
         with contextlib.suppress(_Stop):
             run.fail_from_exception(e, where="harness")
     finally:
+        cleaning = time.perf_counter()
         run.cleanup()
+        result.phase_seconds["cleanup"] = time.perf_counter() - cleaning
     result.phase_seconds["total"] = time.perf_counter() - started
     return result
 
@@ -151,12 +153,12 @@ class _Evaluation(CorrectnessPhases, TimingPhases):
     def execute(self) -> None:
         torch = self.torch
         with torch.no_grad():
-            self.setup()
+            self.timed("setup", self.setup)
             self.timed("load", self.load)
             self.timed("correctness", self.correctness)
             self.timed("timing", self.timing)
             self.timed("revalidation", self.revalidation)
-            self.check_tampering("the end")
+            self.timed("end", lambda: self.check_tampering("the end"))
             if self.opts.compare_compile:
                 self.timed("compile_reference", self.compile_reference)
             if self.opts.profile:
