@@ -23,6 +23,7 @@ import cProfile
 import io
 import json
 import pstats
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -33,6 +34,12 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 DEFAULT = "l1_019_relu/small,l1_088_gelu/small,l1_036_rmsnorm/small,l1_019_relu/middle"
+# a process that creates a CUDA context and ends, over and over (each a fresh interpreter)
+DISTURB = (
+    "import subprocess, sys\n"
+    "while True:\n"
+    "    subprocess.run([sys.executable, '-c', 'import torch; torch.zeros(1, device=\"cuda\")'])\n"
+)
 
 
 class Timers:
@@ -136,6 +143,13 @@ def main(argv=None) -> int:
         "a worker's graph warm-up, or nothing (the process's first evaluation, as "
         "in a fresh worker; run one candidate per process then)",
     )
+    ap.add_argument(
+        "--disturb",
+        type=int,
+        default=0,
+        help="processes that create CUDA contexts in a loop meanwhile, as a pool's "
+        "spare workers starting during an evaluation do",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     import torch
@@ -144,8 +158,11 @@ def main(argv=None) -> int:
         print("eval_profile: needs a CUDA GPU")
         return 2
     report, timers = [], instrument(torch)
+    disturbers = [subprocess.Popen([sys.executable, "-c", DISTURB]) for _ in range(args.disturb)]
+    time.sleep(3.0 if disturbers else 0.0)  # their first imports
     for name in args.only.split(","):
         got = profile_one(name, args.top, timers, args.warm)
+        got["disturbers"] = len(disturbers)
         report.append(got)
         print(f"== {name}: {got['status']}, {got['seconds']:.3f} s, basis {got['basis']}")
         print("   phases:", {k: round(v, 3) for k, v in got["phases"].items()})
@@ -157,6 +174,8 @@ def main(argv=None) -> int:
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "eval_profile.json").write_text(json.dumps(report, indent=1))
+    for p in disturbers:
+        p.kill()
     return 0
 
 

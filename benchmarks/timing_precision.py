@@ -180,6 +180,9 @@ def one_evaluation(pool, cand: Candidate, rule: str, trials: int, **more) -> dic
         # where the evaluation's time went: its phases, the timing phase's parts, the captures
         "phases": r.phase_seconds, "timing_parts": t.get("phase_s"),
         "graph_capture_s": t.get("graph_capture_s"),
+        "graph_capture_parts": t.get("graph_capture_parts"),
+        # the worker's own phases: "total" adds the wait for a fresh worker and the reference
+        "worker_s": sum(v for k, v in r.phase_seconds.items() if k != "total") or None,
         # which processes had SM time during the evaluation (NVML), for a disturbed one
         "gpu_processes": activity.summary(), "gpu_activity": activity.unavailable or "sampled",
     }  # fmt: skip
@@ -212,10 +215,14 @@ def row(evaluations: list[dict]) -> dict:
         out[f"least_seconds_{rule}"] = min(e["seconds"] for e in runs)
         out[f"timing_s_{rule}"] = statistics.fmean(e.get("timing_s") or 0.0 for e in runs)
         out[f"runs_{rule}"] = [e["runs"] for e in runs]
+        if all(e.get("worker_s") for e in runs):
+            out[f"worker_s_{rule}"] = statistics.fmean(e["worker_s"] for e in runs)
     out["seconds_ratio"] = out["seconds_new"] / out["seconds_old"]
     out["least_seconds_ratio"] = out["least_seconds_new"] / out["least_seconds_old"]
     if out["timing_s_old"] > 0:
         out["timing_ratio"] = out["timing_s_new"] / out["timing_s_old"]
+    if out.get("worker_s_old") and out.get("worker_s_new"):
+        out["worker_ratio"] = out["worker_s_new"] / out["worker_s_old"]
     return out
 
 
@@ -244,6 +251,7 @@ def goals(entries: list[dict]) -> list[dict]:
             f"; geometric mean {math.exp(statistics.fmean(map(math.log, ratios))):.2f}x"
         )
         for key, what in (("least_seconds_ratio", "the least evaluation of each rule"),
+                          ("worker_ratio", "inside the worker (no wait for a fresh worker)"),
                           ("timing_ratio", "the timing phase alone")):  # fmt: skip
             values = [(n, r[key]) for n, r in rows if r.get(key) is not None]
             if values:

@@ -158,15 +158,21 @@ class GraphTiming(Evaluation):
     def capture_side(self, model, who: str) -> CapturedForward | str:
         """The side's forward captured and checked (module docstring), or why it could not be."""
         torch, opts = self.torch, self.opts
+        parts = self.result.timing.setdefault("graph_capture_parts", {}).setdefault(who, {})
+        began = time.perf_counter()
         inputs = self.problem.make_inputs(opts.seed + 450_000, self.device, self.ref_module)
         self.settings.apply()
+        parts["inputs_s"] = round(time.perf_counter() - began, 4)
         try:
+            began = time.perf_counter()
             captured = capture_forward(torch, model, inputs, self.device)
+            parts["capture_s"] = round(time.perf_counter() - began, 4)
         except Exception as e:  # noqa: BLE001 - any failure means "not capturable"
             if not _context_alive(torch, self.device):
                 self.fail_from_exception(e, where=f"{who}'s graph capture")
             return f"the {who}'s forward: {_first_cause(e)}"
         # new values the forward has not seen: the replay against the reference's eager forward
+        began = time.perf_counter()
         try:
             fresh = self.problem.make_inputs(opts.seed + 460_000, self.device, self.ref_module)
             refill(captured.inputs, fresh)
@@ -181,6 +187,7 @@ class GraphTiming(Evaluation):
                 self.fail_from_exception(e, where=f"{who}'s graph replay")
             return f"the {who}'s graph replay failed: {_first_cause(e)}"
         failure = check_outputs(got, expected, opts, trial=0, phase="timed_output")
+        parts["check_s"] = round(time.perf_counter() - began, 4)
         if failure is not None:
             captured.graph.reset()
             return (
