@@ -871,3 +871,22 @@ def test_a_worker_leaves_the_cleanup_to_its_exit(monkeypatch):
     assert worker._warm_up() == "cpu" and evaluation.EXITS_AFTER is True
     assert run_evaluation(RELU, GOOD_RELU, options).status == "ok"
     assert collected == []
+
+
+def test_a_workers_comparison_warm_up_takes_the_equal_and_the_unequal_path(monkeypatch):
+    # a fresh worker loads each comparison kernel at its first launch: the warm-up launches
+    # those of both outcomes, for each usual dtype
+    from cudaforge.harness import compare
+
+    seen = []
+    real = compare.tensor_difference
+
+    def spy(actual, expected, options, chunk=1 << 26):
+        found = real(actual, expected, options, chunk)
+        seen.append((expected.dtype, found.ok))
+        return found
+
+    monkeypatch.setattr(compare, "tensor_difference", spy)
+    compare.warm_up_comparisons("cpu")
+    dtypes = {torch.float32, torch.bfloat16, torch.float16}
+    assert {(d, ok) for d in dtypes for ok in (True, False)} == set(seen)

@@ -478,3 +478,17 @@ def changed_input(before: list, after: list) -> int | None:
             if not same:
                 return i
     return None
+
+
+def warm_up_comparisons(device) -> None:
+    """check_outputs once on tiny tensors of the usual dtypes, equal and unequal, for a worker to
+    start with: CUDA loads each kernel at its first launch, and a fresh worker's first comparison
+    (the graph check of the candidate's replay) took 0.18-0.25 s on the H200 against 1.5 ms for
+    the next one (RESULTS.md, "Where one evaluation's time goes")."""
+    import torch
+
+    options = EvalOptions()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.linspace(-1.0, 1.0, 256, device=device).to(dtype)
+        check_outputs([x], [x.clone()], options)
+        check_outputs([x + 1], [x], options)

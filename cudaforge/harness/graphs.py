@@ -69,9 +69,8 @@ def capture_forward(torch, model, inputs: list, device, warmup: int = WARMUP_CAL
 
 
 def warm_capture(torch, device) -> None:
-    """A tiny forward captured and replayed once, for a worker to start with: an evaluation in a
-    fresh worker spent 0.2-0.4 s capturing its two graphs on the H200, one in a process that had
-    captured before 7 ms (RESULTS.md, "Where one evaluation's time goes")."""
+    """A tiny forward captured and replayed once, for a worker to start with (its first capture
+    and replay of a graph are done before the evaluation's)."""
     x = torch.zeros(16, device=device)
     captured = capture_forward(torch, lambda t: t * 2 + 1, [x], device, warmup=1)
     captured.graph.replay()

@@ -26,6 +26,7 @@ def _warm_up() -> str:
     from ..profiling import profiler
     from ..profiling.l2_flush import l2_flush
     from . import evaluation
+    from .compare import warm_up_comparisons
     from .evaluate import run_evaluation  # noqa: F401 - imported now, not in the evaluation
     from .graphs import warm_capture
 
@@ -37,7 +38,8 @@ def _warm_up() -> str:
     device = torch.device("cuda", torch.cuda.current_device())
     torch.zeros(1, device=device)
     l2_flush(device)  # allocated once per process: the evaluation finds it ready
-    warm_capture(torch, device)  # a process's first graph capture costs the most
+    warm_capture(torch, device)
+    warm_up_comparisons(device)  # the kernels of the graph check's comparison, loaded now
     return f"cuda:{device.index} {torch.cuda.get_device_name(device)}"
 
 
