@@ -61,6 +61,7 @@ from .evaluation import _Stop
 from .options import EvalOptions, make_options
 from .pool import default_pool
 from .problem import Problem
+from .quiet import gpu_quiet
 from .results import EvalResult
 from .timing import TimingPhases
 
@@ -156,7 +157,10 @@ class _Evaluation(CorrectnessPhases, TimingPhases):
             self.timed("setup", self.setup)
             self.timed("load", self.load)
             self.timed("correctness", self.correctness)
-            self.timed("timing", self.timing)
+            with gpu_quiet() as waited:  # no other process of the pool on the GPU meanwhile
+                if waited is not None:
+                    self.result.timing["gpu_lock_wait_s"] = round(waited, 4)
+                self.timed("timing", self.timing)
             self.timed("revalidation", self.revalidation)
             self.timed("end", lambda: self.check_tampering("the end"))
             if self.opts.compare_compile:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import quiet
 from .options import make_options
 from .problem import Problem
 from .results import EvalResult
@@ -167,6 +168,9 @@ class WorkerPool(QueuedPool):
         slots = _plan_workers(workers, device)
         if not slots:
             raise ValueError("a worker pool needs at least one worker")
+        for env, dev in slots:  # one lock per GPU, kept by whoever times on it (quiet.py)
+            if dev != "cpu":
+                env[quiet.ENV] = quiet.lock_path(self.log_dir, dev)
         if spares is None:
             cores_per_slot = (os.cpu_count() or 1) // len(slots)
             spares = 3 if cores_per_slot >= 4 and slots[0][1] != "cpu" else 1

@@ -29,17 +29,20 @@ def _warm_up() -> str:
     from .compare import warm_up_comparisons
     from .evaluate import run_evaluation  # noqa: F401 - imported now, not in the evaluation
     from .graphs import warm_capture
+    from .quiet import gpu_quiet
 
     # this process profiles candidates and nothing else: keep the Range Profiler enabled
     profiler.KEEP_ENABLED = os.environ.get("CUDAFORGE_PROFILER_KEEP", "1") != "0"
     evaluation.EXITS_AFTER = True  # one evaluation, then the process ends: no cleanup for later
     if not torch.cuda.is_available():
         return "cpu"
-    device = torch.device("cuda", torch.cuda.current_device())
-    torch.zeros(1, device=device)
-    l2_flush(device)  # allocated once per process: the evaluation finds it ready
-    warm_capture(torch, device)
-    warm_up_comparisons(device)  # the kernels of the graph check's comparison, loaded now
+    with gpu_quiet():  # not while another worker of the pool times on this GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.zeros(1, device=device)
+        l2_flush(device)  # allocated once per process: the evaluation finds it ready
+        warm_capture(torch, device)
+        warm_up_comparisons(device)  # the kernels of the graph check's comparison, loaded now
+        torch.cuda.synchronize(device)
     return f"cuda:{device.index} {torch.cuda.get_device_name(device)}"
 
 
