@@ -3,11 +3,11 @@ file (its path in CUDAFORGE_GPU_LOCK, set by the pool): a worker holds the lock 
 timing phase, and a starting worker holds it while it creates its CUDA context and warms up.
 
 Why: a pool starts a spare worker each time it hands one out, so spares come up while an
-evaluation runs. A GPU shared by two processes' contexts switches between them, and the timed
-process's runs wait meanwhile. On the H200, evaluations of 2-3 ms forwards had a quarter of their
-runs about 12% slow, twice in a row, while NVML saw other processes of the pool busy on the GPU
-(RESULTS.md, "Timings users can trust"). Without the variable (an evaluation in the caller's
-process, tests) nothing is locked.
+evaluation runs, and a GPU shared by two processes' contexts switches between them. On the
+H200, some evaluations of 2-3 ms forwards had a quarter of their runs about 12% slow, while NVML
+saw other processes of the pool on the GPU (RESULTS.md, "Timings users can trust"); which
+process's work slowed them is not established. Without the variable (an evaluation in the
+caller's process, tests) nothing is locked.
 
 The lock is flock(2) on the file: it is released when its holder closes it or dies, so a worker
 killed mid-timing cannot hold it. A candidate can take it too, but only within its own
