@@ -80,7 +80,7 @@ def test_the_summary_counts_the_compared_values_within_tolerance():
     assert pvn.summarize(fidelity)["within"] == 1
 
 
-@pytest.mark.parametrize("script", ["profile_vs_ncu.py"])
+@pytest.mark.parametrize("script", ["profile_vs_ncu.py", "eval_profile.py"])
 def test_the_scripts_parse_their_options(script):
     out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True,
                          text=True, timeout=120, check=False)  # fmt: skip
@@ -90,10 +90,10 @@ def test_the_scripts_parse_their_options(script):
 # ---------------------------------------------------------------- timing_precision.py
 
 
-def evaluation(rule, speedup, spread, seconds, eager_ms=0.05, status="ok"):
+def evaluation(rule, speedup, spread, seconds, eager_ms=0.05, status="ok", worker_s=None):
     return {"rule": rule, "status": status, "speedup": speedup, "spread": spread,
             "seconds": seconds, "eager_ms": eager_ms, "candidate_ms": eager_ms, "runs": 40,
-            "basis": "graph"}  # fmt: skip
+            "basis": "graph", "worker_s": worker_s}  # fmt: skip
 
 
 def test_timing_precision_candidates_span_examples_sizes_and_llm_kernels():
@@ -136,6 +136,23 @@ def test_timing_precision_rows_and_goals():
     assert "| steady | 0.0500 | graph | 5.00% | 1.20% | 2.000 / 2.200 | 2.000 / 2.020 |" in text
     assert "| failed | incorrect, ok |" in text
     assert "spread under 2% for every forward of 20 us or more: **met**" in text
+
+
+def test_timing_precision_counts_the_time_inside_the_worker_apart_from_the_wait_for_one():
+    # the new rule's evaluations waited 2 s for a fresh worker; inside it they took 1.3x
+    waited = [evaluation("old", 2.0, 0.01, 1.0, worker_s=0.8),
+              evaluation("new", 2.0, 0.01, 3.0, worker_s=1.0),
+              evaluation("old", 2.0, 0.01, 1.0, worker_s=0.8),
+              evaluation("new", 2.0, 0.01, 3.2, worker_s=1.08)]  # fmt: skip
+    row = tp.row(waited)
+    assert row["seconds_ratio"] == pytest.approx(3.1) and row["worker_ratio"] == pytest.approx(1.3)
+    goal = next(g for g in tp.goals([{"name": "w", "row": row}]) if "evaluation" in g["goal"])
+    assert not goal["met"]  # the goal line stays on the whole evaluation
+    assert (
+        "inside the worker (no wait for a fresh worker): worst 1.30x (w), 0 of 1" in goal["detail"]
+    )
+    unrecorded = tp.row([dict(e, worker_s=None) for e in waited])
+    assert "worker_ratio" not in unrecorded
 
 
 def test_timing_precision_runs_end_to_end_on_a_cpu(tmp_path):
