@@ -158,3 +158,17 @@ def test_graph_replays_are_said_with_the_eager_figures():
     line = measurements_text(graph).splitlines()[0]
     assert "as CUDA-graph replays; PyTorch 30 us, speedup 1.5x" in line
     assert "eagerly (launched from Python): 45 us vs PyTorch 50 us, 1.11x" in line
+
+
+def test_the_host_time_to_issue_a_forward_follows_the_time_line():
+    timing = {"candidate_host_ms": 0.142, "reference_host_ms": 0.061}
+    lines = measurements_text(result_with(None, timing=timing, candidate_ms=0.0482)).splitlines()
+    host = lines[1]
+    assert host.startswith("host time to issue one forward (its Python and launches): 0.142 ms")
+    assert "PyTorch's 61 us" in host and "2.9x its GPU time" in host
+    # a forward whose GPU time exceeds its host time: the figure alone, no advice
+    quiet = measurements_text(result_with(None, timing=timing)).splitlines()[1]
+    assert "PyTorch's 61 us" in quiet and "GPU time" not in quiet
+    # not measured (a CPU evaluation, an old record): no line
+    plain = measurements_text(result_with(None)).splitlines()
+    assert not any(line.startswith("host time") for line in plain)
