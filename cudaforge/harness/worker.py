@@ -1,13 +1,14 @@
 """A candidate's worker process: `python -m cudaforge.harness.worker REQUEST RESULT TO_REFERENCE
 FROM_REFERENCE INDEX` (pipe fds), started ahead by a WorkerPool (pool.py) in the sandbox
 (processes.py). It becomes the reaper of its orphans, imports torch, creates the CUDA context and
-the L2 flush buffer, says it is ready, and waits. Then it runs exactly one evaluation
+the L2 flush buffer and warms up (under the GPU's lock, quiet.py), says it is ready, and waits. Then it runs exactly one evaluation
 (run_evaluation), its outputs judged by the reference process (host_copy.RemoteJudge), kills
 every process the candidate left (named in the result's notes), sends the result as a JSON
 frame, and exits: a process never runs a second candidate. It dies with the pool."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -18,7 +19,8 @@ from .sandbox import become_subreaper, kill_descendants
 
 def _warm_up() -> str:
     """Everything an evaluation would otherwise start with: torch, the CUDA context, the L2
-    flush buffer. Returns the device, for the ready message."""
+    flush buffer, a graph capture and the comparisons' kernels (a fresh worker's first
+    comparison took 0.2 s on the H200). Returns the device, for the ready message."""
     import torch
     import torch.nn.functional
     import torch.utils.cpp_extension
@@ -40,8 +42,12 @@ def _warm_up() -> str:
         device = torch.device("cuda", torch.cuda.current_device())
         torch.zeros(1, device=device)
         l2_flush(device)  # allocated once per process: the evaluation finds it ready
-        warm_capture(torch, device)
-        warm_up_comparisons(device)  # the kernels of the graph check's comparison, loaded now
+        # speed-ups for the evaluation, not conditions of it: one that fails leaves its cost
+        # to the evaluation, where a real failure is reported
+        with contextlib.suppress(Exception):
+            warm_capture(torch, device)
+        with contextlib.suppress(Exception):
+            warm_up_comparisons(device)  # the kernels of the graph check's comparison
         torch.cuda.synchronize(device)
     return f"cuda:{device.index} {torch.cuda.get_device_name(device)}"
 
