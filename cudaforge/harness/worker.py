@@ -1,10 +1,11 @@
 """A candidate's worker process: `python -m cudaforge.harness.worker REQUEST RESULT TO_REFERENCE
 FROM_REFERENCE INDEX` (pipe fds), started ahead by a WorkerPool (pool.py) in the sandbox
 (processes.py). It becomes the reaper of its orphans, imports torch, creates the CUDA context and
-the L2 flush buffer and warms up (under the GPU's lock, quiet.py), says it is ready, and waits. Then it runs exactly one evaluation
-(run_evaluation), its outputs judged by the reference process (host_copy.RemoteJudge), kills
-every process the candidate left (named in the result's notes), sends the result as a JSON
-frame, and exits: a process never runs a second candidate. It dies with the pool."""
+the L2 flush buffer and warms up (under the GPU's lock, quiet.py), says it is ready, and waits.
+Then it runs exactly one evaluation (run_evaluation), its outputs judged by the reference process
+(host_copy.RemoteJudge), kills every process the candidate left (named in the result's notes),
+sends the result as a JSON frame, and exits: a process never runs a second candidate. It dies
+with the pool."""
 
 from __future__ import annotations
 
