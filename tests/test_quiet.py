@@ -7,8 +7,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from cudaforge.harness import quiet
 
 HOLD = """
@@ -93,7 +91,5 @@ def test_an_evaluation_times_only_while_it_holds_the_lock(tmp_path, monkeypatch)
     child.wait(10)
     assert result.status == "ok", result.error
     # the phases before the timing ran while the other process held the lock; the timing waited
-    assert result.timing["gpu_lock_wait_s"] > 0
-    assert result.phase_seconds["gpu_lock_wait"] == pytest.approx(result.timing["gpu_lock_wait_s"],
-                                                                  abs=1e-4)  # fmt: skip
+    assert result.phase_seconds["gpu_lock_wait"] > 0
     assert started + result.phase_seconds["timing"] <= time.time() and released > started

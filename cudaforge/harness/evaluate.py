@@ -159,7 +159,6 @@ class _Evaluation(CorrectnessPhases, TimingPhases):
             self.timed("correctness", self.correctness)
             with gpu_quiet() as waited:  # no other process of the pool on the GPU meanwhile
                 if waited is not None:  # a phase of its own: the phases add up to the whole
-                    self.result.timing["gpu_lock_wait_s"] = round(waited, 4)
                     self.result.phase_seconds["gpu_lock_wait"] = waited
                 self.timed("timing", self.timing)
             self.timed("revalidation", self.revalidation)

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..harness.timing import SPIN_CYCLES_PER_NS
+
 QUEUE_CYCLES = 4_000_000  # GPU clock cycles spun ahead of a queued call: about 2 ms at 2 GHz
-CYCLES_PER_MS = 2_000_000  # at 2 GHz, above the H200's 1.98 GHz boost clock
 
 
 def split_inputs(example_inputs) -> tuple[tuple, dict]:
@@ -88,7 +89,7 @@ def time_calls(fns: Sequence[Callable[[], Any]], device, *, min_reps: int = 5,
             issue_ms = min(issue_ms, (time.perf_counter() - began) * 1e3)
         # the spin outlasts the host's work for a call (a forward that issues for 4 ms needs
         # more than the default), up to about 0.1 s
-        spins.append(min(max(QUEUE_CYCLES, int(2 * issue_ms * CYCLES_PER_MS)), 50 * QUEUE_CYCLES))
+        spins.append(min(max(QUEUE_CYCLES, int(2 * issue_ms * 1e6 * SPIN_CYCLES_PER_NS)), 50 * QUEUE_CYCLES))
     _synchronize(device)
     samples: list[list[float]] = [[] for _ in fns]
     spent = 0.0
