@@ -170,6 +170,8 @@ def one_evaluation(pool, cand: Candidate, rule: str, trials: int, **more) -> dic
         "eager_ms": eager.get("median_ms"), "eager_spread": eager.get("spread"),
         "runs": eager.get("runs"), "stop": eager.get("stop"),
         "graph_stop": (t.get("candidate_graph") or {}).get("stop"),
+        # every run's ms in order (where the spread comes from: drift, modes, outliers)
+        "runs_ms": t.get("candidate_runs_ms"), "graph_runs_ms": t.get("candidate_graph_runs_ms"),
         "graph_runs": (t.get("candidate_graph") or {}).get("runs"),
         "settled": t.get("settled"), "retimed": t.get("retimed"),
         # the GPU's busy time (CUPTI) against the event time, and the host's time to issue
@@ -344,8 +346,13 @@ def _stats(times: list[float]) -> dict:
     def pick(p: float) -> float:
         return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
+    # the spread of means of 4 consecutive runs: what averaging would hide, not a method
+    fours = [statistics.fmean(times[i : i + 4]) for i in range(0, len(times) - 3, 4)]
+    f1, fm, f3 = statistics.quantiles(fours, n=4, method="inclusive")
     return {"median_us": median * 1e3, "spread": (q3 - q1) / median, "p5_us": pick(0.05) * 1e3,
-            "p95_us": pick(0.95) * 1e3, "runs": len(times)}  # fmt: skip
+            "p95_us": pick(0.95) * 1e3, "runs": len(times), "iqr_us": (q3 - q1) * 1e3,
+            "spread_of_means_of_4": (f3 - f1) / fm,
+            "lag1_correlation": _correlation(times[:-1], times[1:])}  # fmt: skip
 
 
 def attribute(runs: int) -> dict:
@@ -364,7 +371,8 @@ def attribute(runs: int) -> dict:
         report["nvml_clock_mhz"] = torch.cuda.clock_rate(dev)
     except Exception as e:  # noqa: BLE001 - NVML (pynvml) is optional
         report["nvml_clock_mhz"] = f"unavailable: {type(e).__name__}"
-    for label, n in (("tiny (1 MB)", 1 << 18), ("0.1 ms (256 MB)", 1 << 26)):
+    sizes = (("tiny (1 MB)", 1 << 18), ("~35 us (64 MB)", 1 << 24), ("0.1 ms (256 MB)", 1 << 26))
+    for label, n in sizes:
         x = torch.randn(n, device=dev)
         y = torch.empty_like(x)
         grid = ((n + 255) // 256,)
@@ -413,6 +421,8 @@ def _timed_condition(torch, mod, flush, kind, runs, x, y, model, graph):
             torch.cuda._sleep(2_000_000)  # ~1 ms spin: the next 50 launches queue behind it
         if kind == "idle":
             torch.cuda.synchronize()
+        if kind == "ahead":  # as the harness queues a run: a spin, the host issues meanwhile
+            torch.cuda._sleep(200_000)  # ~0.1 ms
         if kind == "harness":  # as prepare_run: seeded fresh values and the flush, side stream
             side.wait_stream(main)
             with torch.cuda.stream(side):
@@ -422,11 +432,15 @@ def _timed_condition(torch, mod, flush, kind, runs, x, y, model, graph):
             main.wait_stream(side)
         elif kind not in ("queued", "idle"):
             flush(i)
-        if kind in ("fresh", "alloc", "python", "graph"):
+        if kind in ("fresh", "alloc", "python", "graph", "ahead", "settle", "empty"):
             x.normal_()
+        if kind == "settle":  # the GPU keeps busy for ~20 us between the flush and the run
+            torch.cuda._sleep(40_000)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        if kind == "graph":
+        if kind == "empty":
+            pass  # the events alone: their own jitter
+        elif kind == "graph":
             graph.replay()
         elif kind in ("python", "harness"):
             model(x)
@@ -459,6 +473,9 @@ CONDITIONS = {
     "harness": "the Python forward after the harness's preparation (seeded values, flush, side "
     "stream)",
     "graph": "flush + fresh values, the launch replayed from a CUDA graph",
+    "ahead": "a ~0.1 ms spin, flush + fresh values, then the launch (queued as the harness does)",
+    "settle": "flush + fresh values, then a ~20 us spin before the start event",
+    "empty": "flush + fresh values, the two events with nothing between them",
 }
 
 
@@ -471,12 +488,19 @@ def _correlation(a: list[float], b: list[float]) -> float | None:
 def attribution_lines(report: dict) -> list[str]:
     head = (f"Where the spread comes from (outside the harness; flush: {report['flush']}; "
             f"NVML clock: {report.get('nvml_clock_mhz')}):")  # fmt: skip
-    lines = [head, "", "| kernel | condition | median us | spread | p5 us | p95 us |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    columns = (
+        "| kernel | condition | median us | spread | IQR us | p5 us | p95 us | "
+        "spread of means of 4 | lag-1 corr. |"
+    )
+    lines = [head, "", columns,
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for label, rows in report["conditions"].items():
         for text, s in rows.items():
+            lag = s.get("lag1_correlation")
             lines.append(f"| {label} | {text} | {s['median_us']:.2f} | {s['spread']:.2%} | "
-                         f"{s['p5_us']:.2f} | {s['p95_us']:.2f} |")  # fmt: skip
+                         f"{s.get('iqr_us', float('nan')):.2f} | {s['p5_us']:.2f} | "
+                         f"{s['p95_us']:.2f} | {s.get('spread_of_means_of_4', float('nan')):.2%} | "
+                         f"{'n/a' if lag is None else f'{lag:+.2f}'} |")  # fmt: skip
     for label, c in report["clock"].items():
         corr = c["time_vs_clock_correlation"]
         lines.append(f"- SM clock during the {label} runs (clock64 over %globaltimer, "
@@ -509,7 +533,9 @@ def main(argv=None) -> int:
         default=2,
         help="correctness trials per evaluation (timing is the subject; default 2)",
     )
-    parser.add_argument("--only", default="", help="candidates whose name contains this (comma: any of these)")
+    parser.add_argument(
+        "--only", default="", help="candidates whose name contains this (comma: any of these)"
+    )
     parser.add_argument("--spares", type=int, default=None,
                         help="workers started ahead (default: the pool's; 0 starts each one "
                              "when needed, so that no process starts while another is timed)")  # fmt: skip

@@ -175,14 +175,15 @@ def test_timing_precision_runs_end_to_end_on_a_cpu(tmp_path):
 
 
 def test_timing_precision_attribution_table():
-    stats = {"median_us": 3.2, "spread": 0.041, "p5_us": 3.0, "p95_us": 9.5, "runs": 1000}
+    stats = {"median_us": 3.2, "spread": 0.041, "p5_us": 3.0, "p95_us": 9.5, "runs": 1000,
+             "iqr_us": 0.13, "spread_of_means_of_4": 0.012, "lag1_correlation": 0.25}  # fmt: skip
     report = {"flush": "write 4x L2, then discard", "nvml_clock_mhz": "unavailable: ModuleNotFoundError",
               "conditions": {"tiny (1 MB)": {tp.CONDITIONS["idle"]: stats}},
               "clock": {"tiny (1 MB)": {"min_mhz": 1755.0, "median_mhz": 1980.0, "max_mhz": 1980.0,
                                         "samples": 100, "time_vs_clock_correlation": -0.31}}}  # fmt: skip
     text = "\n".join(tp.attribution_lines(report))
     assert "| tiny (1 MB) | synchronized before each: the GPU idle at launch" in text
-    assert "| 3.20 | 4.10% | 3.00 | 9.50 |" in text
+    assert "| 3.20 | 4.10% | 0.13 | 3.00 | 9.50 | 1.20% | +0.25 |" in text
     assert "1755-1980 MHz, median 1980; correlation of run time with it: -0.31" in text
     assert tp._correlation([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
     assert tp._correlation([1.0, 1.0, 1.0], [2.0, 4.0, 6.0]) is None
@@ -210,3 +211,15 @@ def test_gpu_activity_names_processes_and_summarizes_samples():
         pass
     if not torch.cuda.is_available():  # no NVML device here: nothing sampled, and it says why
         assert activity.unavailable and activity.summary() == []
+
+
+def test_timing_precision_attribution_stats_say_what_averaging_would_hide():
+    # runs alternating 1.0 and 1.2 ms: a wide spread, anti-correlated neighbours, and means of
+    # four that do not move at all
+    times = [1.0, 1.2] * 40
+    s = tp._stats(times)
+    assert s["spread"] == pytest.approx(0.2 / 1.1) and s["iqr_us"] == pytest.approx(200.0)
+    assert s["spread_of_means_of_4"] == pytest.approx(0.0, abs=1e-12)
+    assert s["lag1_correlation"] == pytest.approx(-1.0)
+    drifting = [1.0 + 0.01 * i for i in range(80)]  # a slow drift: neighbours agree
+    assert tp._stats(drifting)["lag1_correlation"] > 0.99

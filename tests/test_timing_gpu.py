@@ -66,6 +66,10 @@ def test_a_short_forward_is_timed_as_graph_replays_too(pool):
     assert r.candidate_ms == graph["median_ms"] and graph["stop"] in ("precision", "budget",
                                                                       "max_runs")  # fmt: skip
     assert r.speedup == pytest.approx(r.reference_ms / r.candidate_ms)
+    replays = r.timing["candidate_graph_runs_ms"]  # every replay's time is on record
+    assert len(replays) == graph["runs"] and min(replays) == pytest.approx(
+        graph["min_ms"], abs=1e-6
+    )
     # the eager runs stopped at the least the rule allows (and the blocks queued meanwhile), a
     # side already within the precision then says so: the replays decide, the eager times are
     # reported

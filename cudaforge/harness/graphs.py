@@ -147,6 +147,8 @@ class GraphTiming(Evaluation):
                 times, stops = time_interleaved(sides, rule)
             self.sync("candidate")
             r.timing["graph"] = "on: both sides captured and their replays timed"
+            for who, t in zip(("candidate", "reference"), times):
+                r.timing[f"{who}_graph_runs_ms"] = [round(v, 6) for v in t]
             confidence = rule.confidence if rule is not None else StoppingRule().confidence
             return tuple(TimeSummary.of(t, s, confidence) for t, s in zip(times, stops))
         finally:
