@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import time
@@ -209,6 +210,8 @@ def run_model(name: str, args) -> dict:
         return report
     optimized = result.model
     fns = {"eager": forward_of(model, inputs), "cudaforge": forward_of(optimized, inputs)}
+    if args.host_after and device == "cuda":
+        report["host_after_optimize"] = host_after_optimize(fns["eager"])
     ms = time_side_by_side(fns, reps=args.reps)
     compiled = {}
     if device == "cuda" and not args.no_compile:
@@ -251,6 +254,43 @@ def run_model(name: str, args) -> dict:
             report["training"] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"== {name} training step: {report['training']['error']}", flush=True)
     return report
+
+
+def _children_cpu_s() -> tuple[int, float]:
+    """(count, CPU seconds used so far) of this process's child processes (Linux /proc)."""
+    me, count, ticks = os.getpid(), 0, 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:  # ppid
+            count += 1
+            ticks += int(fields[11]) + int(fields[12])  # utime + stime
+    return count, ticks / os.sysconf("SC_CLK_TCK")
+
+
+def host_after_optimize(eager) -> list:
+    """Eager's host time to issue a forward (gpu_and_host) right after optimize() returned, then
+    5 and 15 s later, then once the default worker pool is closed; with the pool's child
+    processes and the CPU they used meanwhile: whether what optimize leaves running slows the
+    user's own forward."""
+    from cudaforge.harness import pool as pools
+
+    rows, began = [], time.perf_counter()
+    for label, wait in (("at once", 0), ("5 s later", 5), ("15 s later", 10), ("pool closed", 0)):
+        if label == "pool closed" and pools._default is not None:
+            pools._default.close()
+        time.sleep(wait)
+        before = _children_cpu_s()
+        got = gpu_and_host({"eager": eager}, reps=20)["eager"]
+        after = _children_cpu_s()
+        rows.append({"when": label, "s": round(time.perf_counter() - began, 1), **got,
+                     "children": after[0], "children_cpu_s": round(after[1] - before[1], 3)})  # fmt: skip
+        print(f"== eager after optimize, {label}: {rows[-1]}", flush=True)
+    return rows
 
 
 def load_fresh(name, device, store, inputs, report, args) -> None:
@@ -515,6 +555,9 @@ def main(argv=None) -> int:
                         "(cudaforge.graphed), and torch.compile's reduce-overhead mode")  # fmt: skip
     parser.add_argument("--no-training", action="store_true")
     parser.add_argument("--no-load", action="store_true", help="skip timing load() of a copy")
+    parser.add_argument("--host-after", action="store_true",
+                        help="eager's host time right after optimize, later, and with the pool "
+                             "closed")  # fmt: skip
     parser.add_argument("--keep-all", action="store_true",
                         help="also time a copy with every stored kernel kept, and say where it "
                         "loses time")  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -223,3 +224,17 @@ def test_timing_precision_attribution_stats_say_what_averaging_would_hide():
     assert s["lag1_correlation"] == pytest.approx(-1.0)
     drifting = [1.0 + 0.01 * i for i in range(80)]  # a slow drift: neighbours agree
     assert tp._stats(drifting)["lag1_correlation"] > 0.99
+
+
+def test_models_optimize_counts_the_child_processes_and_their_cpu():
+    pytest.importorskip("torch")
+    import models_optimize
+
+    count, _ = models_optimize._children_cpu_s()
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"])  # fmt: skip
+    try:
+        time.sleep(0.5)
+        more, cpu = models_optimize._children_cpu_s()
+        assert more == count + 1 and cpu >= 0.2
+    finally:
+        busy.wait()
