@@ -132,6 +132,7 @@ def forward_of(model, inputs):
         with torch.no_grad():
             return model(*inputs)
 
+    call.model = model  # for process_state
     return call
 
 
@@ -272,6 +273,35 @@ def _children_cpu_s() -> tuple[int, float]:
     return count, ticks / os.sysconf("SC_CLK_TCK")
 
 
+def process_state(step) -> dict:
+    """What in this process could slow a forward's host side: a profiler left on, threads, hooks
+    or replaced forwards on modules, the caching allocator's device calls over 10 calls."""
+    import threading
+
+    from torch.nn.modules import module as modules
+
+    model = getattr(step, "model", None)
+    found = {
+        "profiler_enabled": torch.autograd._profiler_enabled(),
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "global_hooks": len(modules._global_forward_hooks) + len(modules._global_forward_pre_hooks),
+        "grad_enabled": torch.is_grad_enabled(),
+    }
+    if model is not None:
+        found["module_hooks"] = sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
+                                    for m in model.modules())  # fmt: skip
+        found["replaced_forwards"] = sum("forward" in vars(m) for m in model.modules())
+    if torch.cuda.is_available():
+        before = torch.cuda.memory_stats()
+        for _ in range(10):
+            step()
+        _sync()
+        after = torch.cuda.memory_stats()
+        for key in ("num_alloc_retries", "num_device_alloc", "num_device_free"):
+            found[key] = after.get(key, 0) - before.get(key, 0)
+    return found
+
+
 def host_after_optimize(eager) -> list:
     """Eager's host time to issue a forward (gpu_and_host) right after optimize() returned, then
     5 and 15 s later, then once the default worker pool is closed; with the pool's child
@@ -279,6 +309,8 @@ def host_after_optimize(eager) -> list:
     user's own forward."""
     from cudaforge.harness import pool as pools
 
+    print(f"== the process after optimize: {process_state(eager)}", flush=True)
+    print(host_profile(eager, steps=5, top=15), flush=True)
     rows, began = [], time.perf_counter()
     for label, wait in (("at once", 0), ("5 s later", 5), ("15 s later", 10), ("pool closed", 0)):
         if label == "pool closed" and pools._default is not None:
