@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import statistics
@@ -286,6 +287,7 @@ def process_state(step) -> dict:
         "threads": sorted(t.name for t in threading.enumerate()),
         "global_hooks": len(modules._global_forward_hooks) + len(modules._global_forward_pre_hooks),
         "grad_enabled": torch.is_grad_enabled(),
+        "gc_objects": len(gc.get_objects()),
     }
     if model is not None:
         found["module_hooks"] = sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
@@ -312,9 +314,13 @@ def host_after_optimize(eager) -> list:
     print(f"== the process after optimize: {process_state(eager)}", flush=True)
     print(host_profile(eager, steps=5, top=15), flush=True)
     rows, began = [], time.perf_counter()
-    for label, wait in (("at once", 0), ("5 s later", 5), ("15 s later", 10), ("pool closed", 0)):
+    steps = (("at once", 0), ("5 s later", 5), ("15 s later", 10), ("gc.collect()", 0),
+             ("pool closed", 0))  # fmt: skip
+    for label, wait in steps:
         if label == "pool closed" and pools._default is not None:
             pools._default.close()
+        if label == "gc.collect()":
+            gc.collect()
         time.sleep(wait)
         before = _children_cpu_s()
         got = gpu_and_host({"eager": eager}, reps=20)["eager"]
