@@ -238,3 +238,18 @@ def test_models_optimize_counts_the_child_processes_and_their_cpu():
         assert more == count + 1 and cpu >= 0.2
     finally:
         busy.wait()
+
+
+def test_host_drift_samples_each_phase_with_what_the_machine_says(tmp_path):
+    pytest.importorskip("torch")
+    import host_drift
+
+    assert host_drift.main(["--model", "mlp", "--small", "--seconds", "0.2", "--every", "0.05",
+                            "--out", str(tmp_path)]) == 0  # fmt: skip
+    rows = json.loads((tmp_path / "host_drift.json").read_text())["rows"]
+    assert {r["phase"] for r in rows} == {"alone", "pool started", "pool closed"}
+    assert all(r["host_ms"] > 0 and r["threads"] >= 1 and 0 <= (r["steal"] or 0) <= 1 for r in rows)
+    before = {"user": 10, "nice": 0, "system": 5, "idle": 80, "iowait": 0, "irq": 0, "softirq": 0,
+              "steal": 5}  # fmt: skip
+    after = {**before, "user": 40, "steal": 15}  # 40 ticks passed, 10 of them stolen
+    assert host_drift.steal_share(before, after) == pytest.approx(0.25)
