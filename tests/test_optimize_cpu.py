@@ -326,6 +326,46 @@ def test_a_kernel_that_slows_the_whole_model_is_taken_out(net, pool, tmp_path, m
     assert every.before_ms == 1.2 and pairs == [(True, True)]
 
 
+def test_a_kernel_is_taken_out_only_when_the_model_is_slower_beyond_the_noise(net, pool,
+                                                                             monkeypatch):  # fmt: skip
+    # the pair's medians differ by 3% but their intervals overlap (a host whose speed moves):
+    # a tie, the kernel stays; 20% slower with intervals apart: taken out, the intervals said
+    from cudaforge.model import end_to_end
+    from cudaforge.model import optimize as optimize_module
+    from cudaforge.model import swap as swap_module
+
+    def fast_alone(swap):
+        swap.check.original_ms, swap.check.kernel_ms = 2.0, 1.0
+        return swap.check
+
+    monkeypatch.setattr(swap_module, "measure", fast_alone)
+    monkeypatch.setattr(optimize_module._Run, "faster", lambda run, result: result.ok)
+    noisy = [4.6, 4.8, 5.0, 5.2, 5.4, 4.7, 4.9, 5.1, 5.3, 5.5, 4.5, 5.0]
+    slower = {"by": 1.03}
+    calls = []
+
+    def scripted_samples(fns, device, **options):
+        calls.append(options)
+        if len(fns) == 1:
+            return [noisy]
+        return [noisy, [t * slower["by"] for t in noisy]]
+
+    monkeypatch.setattr(end_to_end, "call_samples", scripted_samples)
+    model, x = net
+    kept = run(model, x, False, pool, scripted([GELU_FUSED]), targets=["NewGELU"],
+               min_speedup=1.0)  # fmt: skip
+    assert outcome(kept, "NewGELU").status == "swapped", outcome(kept, "NewGELU").detail
+    assert kept.after_ms == pytest.approx(kept.before_ms * 1.03)
+    # the pair was timed with enough calls for an interval
+    assert any(c.get("min_reps", 0) >= end_to_end.PAIR_MIN_REPS for c in calls)
+    slower["by"] = 1.2
+    out = run(model, x, False, pool, scripted([GELU_FUSED]), targets=["NewGELU"],
+              min_speedup=1.0)  # fmt: skip
+    gelu = outcome(out, "NewGELU")
+    assert gelu.status == "slower_here" and "95% intervals" in gelu.detail, gelu.detail
+    assert swaps(out.model) == []
+
+
 def test_a_bf16_model_is_checked_end_to_end_against_its_fp32_run(net, pool, tmp_path,
                                                                    monkeypatch):  # fmt: skip
     from cudaforge.model import optimize as optimize_module

@@ -44,6 +44,7 @@ from ..harness.results import EvalResult
 from ..reporting.formatting import times
 from . import backward as bw
 from . import remembered_search
+from .end_to_end import EndToEnd
 from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot
 from .outcomes import HotspotOutcome, OptimizeResult, PhaseClock
 from .progress import Progress
@@ -51,7 +52,7 @@ from .store import KernelStore
 from .swap import restore, swap_in, swaps
 from .swap_compare import compare, model_in_fp32
 from .swap_errors import SwapError
-from .timing import model_device, split_inputs, time_calls
+from .timing import model_device, split_inputs
 
 Evaluate = Callable[[str, str], EvalResult]
 
@@ -110,7 +111,7 @@ class _Found:
     stored_id: int | None = None
 
 
-class _Run:
+class _Run(EndToEnd):
     def __init__(self, *, mode, model, example_inputs, targets, training, inplace, verify_every,
                  pool, evaluate, store, progress, min_share, max_hotspots, min_speedup,
                  tolerance, eval_options, profile=False, backward=None):  # fmt: skip
@@ -142,6 +143,7 @@ class _Run:
         self.outcomes: dict[str, HotspotOutcome] = {}
         self.reuse = True
         self.transcripts: Path | None = None  # optimize(transcripts=): one file per hot spot
+        self.pair_bounds = None  # time_pair's intervals: (original's, optimized's) or None
 
     # ------------------------------------------------------------ evaluation in workers
 
@@ -511,22 +513,6 @@ class _Run:
             self.progress.say(f"no fp32 run of the model for the end-to-end check ({exc})")
             return None
 
-    def time_model(self, queued: bool = False, against: nn.Module | None = None):
-        """ms per forward of the model; with `against`: (its ms, the model's), interleaved."""
-        models = [self.model] if against is None else [against, self.model]
-        with torch.no_grad():
-            found = time_calls([lambda m=m: m(*self.args, **self.kwargs) for m in models],
-                               self.device, queued=queued)  # fmt: skip
-        return found[0] if against is None else tuple(found)
-
-    def time_pair(self, before_ms: float) -> tuple[float, float]:
-        """(original, optimized) ms per forward: the user's model and the optimized copy timed
-        interleaved, so that drift hits both (the original's time from before the search can be
-        minutes old); in place, `before_ms` and the model timed now."""
-        if self.user_model is not self.model:
-            return self.time_model(against=self.user_model)
-        return before_ms, self.time_model()
-
     def check_outputs(self, got, expected, expected32=None) -> tuple[float, bool]:
         actual = [t for t in _leaves(got) if isinstance(t, torch.Tensor)]
         wanted = [t for t in _leaves(expected) if isinstance(t, torch.Tensor)]
@@ -535,33 +521,6 @@ class _Run:
             wanted32 = [t for t in _leaves(expected32) if isinstance(t, torch.Tensor)]
         worst, problem = compare(actual, wanted, _loose(self.tolerance, wanted), wanted32)
         return (worst.max_abs_err if worst else math.inf), not problem
-
-    def keep_what_speeds_up(self, before_ms: float, after_ms: float) -> tuple[float, float]:
-        """While the model with its kernels is slower than without (beyond 1%; min_speedup
-        scales the bar, 0 turns this off), take out the hot spot whose kernel gained least in
-        this process and time both again (time_pair). A kernel faster on its own can make the
-        model slower (host work where the forward is launch-bound, a layout conversion).
-        Returns (original, optimized) ms with what is left."""
-        while self.min_speedup > 0 and after_ms * self.min_speedup > before_ms * 1.01:
-            # a backward kernel runs only in a training step, which this forward does not time
-            swapped = [o for o in self.outcomes.values()
-                       if o.status == "swapped" and o.kind != bw.KIND]  # fmt: skip
-            if not swapped:
-                break
-            least = min(swapped, key=lambda o: o.speedup or 0.0)
-            for swap in swaps(self.model):
-                if swap.name == least.name:
-                    swap.uninstall()
-            least.status = "slower_here"
-            least.detail = (
-                f"{least.speedup or 0:.2f}x on its own in this process, but the model took "
-                f"{after_ms:.3g} ms with it and {before_ms:.3g} ms before; taken out"
-            )
-            if not swaps(self.model):
-                return before_ms, before_ms
-            before_ms, after_ms = self.time_pair(before_ms)
-        return before_ms, after_ms
-
 
 def _one_line(result: EvalResult) -> str:
     if result.ok:

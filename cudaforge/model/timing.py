@@ -78,6 +78,22 @@ def time_calls(fns: Sequence[Callable[[], Any]], device, *, min_reps: int = 5,
                queued: bool = False) -> list[float]:  # fmt: skip
     """time_call of each of fns, their calls alternated (a, b, a, b, ...): what drifts while
     they are timed (clocks, the host's load) hits each alike. Median ms per fn, in order."""
+    samples = call_samples(fns, device, min_reps=min_reps, max_reps=max_reps,
+                           target_ms=target_ms, warmup=warmup, queued=queued)  # fmt: skip
+    return [statistics.median(taken) for taken in samples]
+
+
+def median_bounds(samples: Sequence[float]) -> tuple[float, float] | None:
+    """The 95% interval of the median of `samples` (harness.stopping); None under 6 samples."""
+    from ..harness.stopping import median_interval
+
+    return median_interval(samples)
+
+
+def call_samples(fns: Sequence[Callable[[], Any]], device, *, min_reps: int = 5,
+                 max_reps: int = 100, target_ms: float = 60.0, warmup: int = 2,
+                 queued: bool = False) -> list[list[float]]:  # fmt: skip
+    """time_calls' samples: ms of every timed call, per fn, in order."""
     device = torch.device(device)
     spins = []
     for fn in fns:
@@ -111,7 +127,7 @@ def time_calls(fns: Sequence[Callable[[], Any]], device, *, min_reps: int = 5,
                 ms = (time.perf_counter() - began) * 1e3
             taken.append(ms)
         spent = max(sum(taken) for taken in samples)
-    return [statistics.median(taken) for taken in samples]
+    return samples
 
 
 # ---------------------------------------------------------------- profile
