@@ -356,6 +356,9 @@ def test_a_kernel_is_taken_out_only_when_the_model_is_slower_beyond_the_noise(ne
                min_speedup=1.0)  # fmt: skip
     assert outcome(kept, "NewGELU").status == "swapped", outcome(kept, "NewGELU").detail
     assert kept.after_ms == pytest.approx(kept.before_ms * 1.03)
+    # the report says it is a tie, in text and HTML
+    assert "within the noise: their 95% intervals, 4.7-5.3 ms" in kept.report()
+    assert "within the noise" in kept._repr_html_()
     # the pair was timed with enough calls for an interval
     assert any(c.get("min_reps", 0) >= end_to_end.PAIR_MIN_REPS for c in calls)
     slower["by"] = 1.2
@@ -363,7 +366,7 @@ def test_a_kernel_is_taken_out_only_when_the_model_is_slower_beyond_the_noise(ne
               min_speedup=1.0)  # fmt: skip
     gelu = outcome(out, "NewGELU")
     assert gelu.status == "slower_here" and "95% intervals" in gelu.detail, gelu.detail
-    assert swaps(out.model) == []
+    assert swaps(out.model) == [] and "within the noise" not in out.report()
 
 
 def test_a_bf16_model_is_checked_end_to_end_against_its_fp32_run(net, pool, tmp_path,

@@ -83,6 +83,7 @@ class EndToEnd:
                 f"{_beyond(self.pair_bounds)}; taken out"
             )
             if not swaps(self.model):
+                self.pair_bounds = None  # they were of the model with kernels
                 return before_ms, before_ms
             before_ms, after_ms = self.time_pair(before_ms)
         return before_ms, after_ms

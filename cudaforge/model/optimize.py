@@ -490,6 +490,8 @@ class _Run(EndToEnd):
             profile=search.profile.table(8),
             phase_seconds=mark.phases,
             after_gpu_ms=after_gpu_ms,
+            before_interval=self.pair_bounds[0] if self.pair_bounds else None,
+            after_interval=self.pair_bounds[1] if self.pair_bounds else None,
         )
         speedup = f"{result.speedup:.2f}x" if result.speedup else "n/a"
         self.progress.say(f"done: {len(result.swapped)} of {len(hotspots)} hot spot(s) swapped; "

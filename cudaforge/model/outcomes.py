@@ -104,6 +104,23 @@ class OptimizeResult:
     # the optimized forward's GPU work with its launches queued ahead (GPU only): after_ms well
     # above it means the host paces the forward (see host_paced)
     after_gpu_ms: float | None = None
+    # the 95% intervals of before_ms and after_ms (timed side by side), where they were taken
+    before_interval: tuple[float, float] | None = None
+    after_interval: tuple[float, float] | None = None
+
+    @property
+    def within_noise(self) -> str:
+        """A line for the report when before and after are a tie: their intervals overlap."""
+        if self.before_interval is None or self.after_interval is None:
+            return ""
+        (lo, hi), (alo, ahi) = self.before_interval, self.after_interval
+        if ahi < lo or alo > hi:
+            return ""
+        return (
+            f"before and after are within the noise: their 95% intervals, {lo:.3g}-{hi:.3g} ms "
+            f"and {alo:.3g}-{ahi:.3g} ms, overlap (the kernels stay; a host-paced forward moves "
+            "with the host's speed)"
+        )
 
     @property
     def host_paced(self) -> str:

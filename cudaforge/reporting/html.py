@@ -520,6 +520,8 @@ def optimize_html(result) -> str:
         f"{milliseconds(result.after_ms)} (<b>{times(result.speedup, 'n/a')}</b>); {match}. "
         f"Cost ${result.cost_usd:.2f}, {result.seconds:.1f} s.</p>"
     )
+    if result.within_noise:
+        end_to_end += f"<p><small>{esc(result.within_noise)}.</small></p>"
     if result.host_paced:
         end_to_end += f"<p><small>{esc(result.host_paced)}.</small></p>"
     return fragment([heading, end_to_end, before_after_svg(bars), *html_table(header, rows)])

@@ -60,6 +60,8 @@ def optimize_text(result) -> str:
         f"{milliseconds(result.before_ms)} -> {milliseconds(result.after_ms)}"
         f" ({times(result.speedup, 'n/a')}); {match}"
     )
+    if result.within_noise:
+        lines.append(result.within_noise)
     if result.host_paced:
         lines.append(result.host_paced)
     lines.append("")
