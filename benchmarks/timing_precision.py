@@ -432,15 +432,19 @@ def _timed_condition(torch, mod, flush, kind, runs, x, y, model, graph):
             main.wait_stream(side)
         elif kind not in ("queued", "idle"):
             flush(i)
-        if kind in ("fresh", "alloc", "python", "graph", "ahead", "settle", "empty"):
+        if kind not in ("queued", "idle", "flush", "harness"):  # fresh values before each
             x.normal_()
         if kind == "settle":  # the GPU keeps busy for ~20 us between the flush and the run
             torch.cuda._sleep(40_000)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        if kind in ("gap", "graph_gap"):  # the host waits ~5 us before launching
+            began = time.perf_counter_ns()
+            while time.perf_counter_ns() - began < 5_000:
+                pass
         if kind == "empty":
             pass  # the events alone: their own jitter
-        elif kind == "graph":
+        elif kind in ("graph", "graph_gap"):
             graph.replay()
         elif kind in ("python", "harness"):
             model(x)
@@ -476,6 +480,9 @@ CONDITIONS = {
     "ahead": "a ~0.1 ms spin, flush + fresh values, then the launch (queued as the harness does)",
     "settle": "flush + fresh values, then a ~20 us spin before the start event",
     "empty": "flush + fresh values, the two events with nothing between them",
+    "gap": "flush + fresh values, the host waits ~5 us after the start event, then the launch",
+    "graph_gap": "flush + fresh values, the host waits ~5 us after the start event, then the "
+    "graph replay",
 }
 
 
@@ -549,12 +556,20 @@ def main(argv=None) -> int:
         default=None,
         help="print the table and goals of earlier --out folders together",
     )
+    parser.add_argument("--compare-option", default="", metavar="KEY=VALUE",
+                        help="A/B one evaluation option instead of the two rules: 'old' is the "
+                             "new rule as it is, 'new' the new rule with KEY=VALUE (a number)")  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the candidates and exit")
     parser.add_argument("--every-llm-kernel", action="store_true",
                         help="every correct LLM kernel, not the last one per problem")  # fmt: skip
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: a smoke run (shrunk problems, each its own model)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.compare_option:
+        key, _, value = args.compare_option.partition("=")
+        OLD.clear()
+        OLD.update(NEW)
+        NEW[key] = float(value)
     if args.merge:
         report = merged(args.merge)
         write(args.out, report)

@@ -187,9 +187,11 @@ def test_the_timing_options_are_checked_and_cross_to_the_workers():
     for bad, message in [({"timing_rule": "fast"}, "timing_rule 'fast'"),
                          ({"precision": 0.0}, "precision"), ({"time_budget_s": -1}, "time_budget"),
                          ({"min_runs": 50, "max_runs": 10}, "min_runs <= max_runs"),
-                         ({"graph_below_ms": -1}, "graph_below_ms")]:  # fmt: skip
+                         ({"graph_below_ms": -1}, "graph_below_ms"),
+                         ({"replay_gap_us": -2}, "replay_gap_us")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             make_options(**bad)
-    opts = make_options(timing_rule="fixed", precision=0.02, max_runs=400, cuda_graphs=False)
-    assert options_from_dict(options_dict(opts)) == opts
+    opts = make_options(timing_rule="fixed", precision=0.02, max_runs=400, cuda_graphs=False,
+                        replay_gap_us=5.0)  # fmt: skip
+    assert options_from_dict(options_dict(opts)) == opts and opts.replay_gap_us == 5.0
     assert make_options().timing_rule == "auto" and make_options().precision == 0.01

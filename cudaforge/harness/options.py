@@ -59,6 +59,9 @@ class EvalOptions:
     # where both sides were captured (timing["speedup_basis"])
     cuda_graphs: bool = True
     graph_below_ms: float = 0.05
+    # us the host waits between recording a graph replay's start event and launching the replay
+    # (the GPU is still busy with the run's preparation, so the wait is outside the window)
+    replay_gap_us: float = 0.0
     # queue every eager run behind a spin of 1.5x the host's time to issue it, so that the events
     # time the GPU's work, not the host's (timed_sides.py); False: the GPU may wait for the host
     # inside the events, as before (forwards slower to issue than to run then spread 10-40%)
@@ -201,8 +204,9 @@ def _check_timing(more: dict[str, Any]) -> None:
     for name in ("precision", "time_budget_s"):
         if name in more and not more[name] > 0:
             raise ValueError(f"{name} must be > 0, not {more[name]}")
-    if more.get("graph_below_ms", 0.0) < 0:
-        raise ValueError("graph_below_ms must be >= 0")
+    for name in ("graph_below_ms", "replay_gap_us"):
+        if more.get(name, 0.0) < 0:
+            raise ValueError(f"{name} must be >= 0")
     low, high = more.get("min_runs", 20), more.get("max_runs", 250)
     if not 1 <= low <= high:
         raise ValueError(f"need 1 <= min_runs <= max_runs, got {low} and {high}")

@@ -123,6 +123,9 @@ class GraphSide(_HostAhead):
         start, end = _events(run.torch)
         start.record()
         called = time.perf_counter_ns()
+        gap_ns = int(getattr(run.opts, "replay_gap_us", 0.0) * 1000)
+        while gap_ns and time.perf_counter_ns() - called < gap_ns:
+            pass  # opts.replay_gap_us: the host waits before launching the replay
         self.captured.graph.replay()
         end.record()
         self.issued(issued, called, time.perf_counter_ns())
