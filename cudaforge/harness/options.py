@@ -60,7 +60,9 @@ class EvalOptions:
     cuda_graphs: bool = True
     graph_below_ms: float = 0.05
     # us the host waits between recording a graph replay's start event and launching the replay
-    # (the GPU is still busy with the run's preparation, so the wait is outside the window)
+    # (the GPU is still busy with the run's preparation, so the wait is outside the window). A
+    # direct launch right after its start event reads ~0.5 us noisier than one after a 5 us wait
+    # on the H200; a replay did not gain from the wait (RESULTS.md, issue 20, 16:59), hence 0
     replay_gap_us: float = 0.0
     # queue every eager run behind a spin of 1.5x the host's time to issue it, so that the events
     # time the GPU's work, not the host's (timed_sides.py); False: the GPU may wait for the host
