@@ -66,8 +66,9 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def time_side_by_side(fns: dict, reps: int = 30, warmup: int = 3) -> dict:
-    """Median ms of each callable, their runs interleaved (a, b, c, a, b, c, ...), CUDA events."""
+def time_side_by_side(fns: dict, reps: int = 30, warmup: int = 3, samples_out=None) -> dict:
+    """Median ms of each callable, their runs interleaved (a, b, c, a, b, c, ...), CUDA events;
+    every run's ms into `samples_out` (a dict) when given."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -89,7 +90,26 @@ def time_side_by_side(fns: dict, reps: int = 30, warmup: int = 3) -> dict:
                 began = time.perf_counter()
                 fn()
                 samples[name].append((time.perf_counter() - began) * 1e3)
+    if samples_out is not None:
+        samples_out.update(samples)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def speedups_over(base: str, samples: dict) -> dict:
+    """Per other callable: its speedup over `base` (ratio of medians) and that ratio's bounds
+    from the two medians' 95% intervals (None with too few runs)."""
+    from cudaforge.harness.stopping import median_interval, ratio_interval
+
+    bounds = {name: median_interval(values) for name, values in samples.items()}
+    found = {}
+    for name, values in samples.items():
+        if name == base:
+            continue
+        ratio = statistics.median(samples[base]) / statistics.median(values)
+        both = ratio_interval(bounds[base], bounds[name]) if bounds[base] and bounds[name] else None
+        found[name] = {"speedup": ratio, "low": both[0] if both else None,
+                       "high": both[1] if both else None}  # fmt: skip
+    return found
 
 
 def gpu_and_host(fns: dict, reps: int = 10, spin_cycles: int = 80_000_000) -> dict:
@@ -214,7 +234,6 @@ def run_model(name: str, args) -> dict:
     fns = {"eager": forward_of(model, inputs), "cudaforge": forward_of(optimized, inputs)}
     if args.host_after and device == "cuda":
         report["host_after_optimize"] = host_after_optimize(fns["eager"])
-    ms = time_side_by_side(fns, reps=args.reps)
     compiled = {}
     if device == "cuda" and not args.no_compile:
         # a copy whose kernels that lose to Inductor's code for their hot spot step aside under
@@ -236,10 +255,15 @@ def run_model(name: str, args) -> dict:
     if device == "cuda" and args.graphs:  # each forward replayed as one CUDA graph
         compiled["eager+graph"] = forward_of(cudaforge.graphed(model, inputs), inputs)
         compiled["cudaforge+graph"] = forward_of(cudaforge.graphed(optimized, inputs), inputs)
-    if compiled:
-        ms = time_side_by_side({**fns, **compiled}, reps=args.reps)
+    samples: dict = {}
+    ms = time_side_by_side({**fns, **compiled}, reps=args.reps, samples_out=samples)
     report["end_to_end_ms"] = ms
+    report["speedups_over_eager"] = speedups_over("eager", samples)
     print(f"== {name} inference, ms per forward (medians, interleaved): {ms}", flush=True)
+    said = ", ".join(f"{k} {v['speedup']:.3f}x" + (f" ({v['low']:.3f}-{v['high']:.3f})"
+                                                   if v["low"] else "")
+                     for k, v in report["speedups_over_eager"].items())  # fmt: skip
+    print(f"== {name} inference, speedup over eager (95% interval): {said}", flush=True)
     if device == "cuda":
         report["gpu_and_host_ms"] = gpu_and_host({**fns, **compiled})
         print(f"== {name} GPU time with launches queued ahead / host time to issue, ms: "

@@ -253,3 +253,17 @@ def test_host_drift_samples_each_phase_with_what_the_machine_says(tmp_path):
               "steal": 5}  # fmt: skip
     after = {**before, "user": 40, "steal": 15}  # 40 ticks passed, 10 of them stolen
     assert host_drift.steal_share(before, after) == pytest.approx(0.25)
+
+
+def test_models_optimize_gives_each_speedup_over_eager_with_its_interval():
+    pytest.importorskip("torch")
+    import models_optimize
+
+    eager = [4.0 + 0.01 * (i % 7) for i in range(30)]  # 4.00-4.06 ms
+    samples = {"eager": eager, "fast": [t / 1.25 for t in eager], "few": [2.0, 2.0]}
+    found = models_optimize.speedups_over("eager", samples)
+    assert set(found) == {"fast", "few"}
+    fast = found["fast"]
+    assert fast["speedup"] == pytest.approx(1.25) and fast["low"] < 1.25 < fast["high"]
+    assert fast["high"] / fast["low"] < 1.05  # runs this steady bound it closely
+    assert found["few"]["low"] is None and found["few"]["speedup"] == pytest.approx(2.01, abs=0.02)
