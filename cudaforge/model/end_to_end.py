@@ -62,10 +62,11 @@ class EndToEnd:
         return after_low * self.min_speedup > before_high
 
     def keep_what_speeds_up(self, before_ms: float, after_ms: float) -> tuple[float, float]:
-        """While the model with its kernels is slower than without (slower_with_kernels), take out the hot spot whose kernel gained least in
-        this process and time both again (time_pair). A kernel faster on its own can make the
-        model slower (host work where the forward is launch-bound, a layout conversion).
-        Returns (original, optimized) ms with what is left."""
+        """While the model with its kernels is slower than without (slower_with_kernels), take
+        out the hot spot whose kernel gained least in this process and time both again
+        (time_pair). A kernel faster on its own can make the model slower (host work where the
+        forward is launch-bound, a layout conversion). Returns (original, optimized) ms with
+        what is left."""
         while self.slower_with_kernels(before_ms, after_ms):
             # a backward kernel runs only in a training step, which this forward does not time
             swapped = [o for o in self.outcomes.values()

@@ -524,6 +524,7 @@ class _Run(EndToEnd):
         worst, problem = compare(actual, wanted, _loose(self.tolerance, wanted), wanted32)
         return (worst.max_abs_err if worst else math.inf), not problem
 
+
 def _one_line(result: EvalResult) -> str:
     if result.ok:
         return f"correct, {times(result.speedup, 'n/a')}"
