@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -228,16 +227,24 @@ def test_timing_precision_attribution_stats_say_what_averaging_would_hide():
 
 def test_models_optimize_counts_the_child_processes_and_their_cpu():
     pytest.importorskip("torch")
-    import models_optimize
-
-    count, _ = models_optimize._children_cpu_s()
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"])  # fmt: skip
-    try:
-        time.sleep(0.5)
-        more, cpu = models_optimize._children_cpu_s()
-        assert more == count + 1 and cpu >= 0.2
-    finally:
-        busy.wait()
+    # in a process of its own, so that no other test's workers come or go meanwhile
+    script = (
+        "import subprocess, sys, time\n"
+        f"sys.path.insert(0, {str(BENCH)!r})\n"
+        "import models_optimize\n"
+        "count, _ = models_optimize._children_cpu_s()\n"
+        "busy = subprocess.Popen([sys.executable, '-c', 'import time\\nt = time.time()\\n"
+        "while time.time() - t < 0.8: pass'])\n"
+        "time.sleep(0.6)\n"
+        "more, cpu = models_optimize._children_cpu_s()\n"
+        "busy.wait()\n"
+        "print(count, more, cpu)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    count, more, cpu = out.stdout.split()
+    assert (int(count), int(more)) == (0, 1) and float(cpu) >= 0.2, out.stdout
 
 
 def test_host_drift_samples_each_phase_with_what_the_machine_says(tmp_path):
