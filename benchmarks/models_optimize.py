@@ -106,7 +106,7 @@ def speedups_over(base: str, samples: dict) -> dict:
         if name == base:
             continue
         ratio = statistics.median(samples[base]) / statistics.median(values)
-        both = ratio_interval(bounds[base], bounds[name]) if bounds[base] and bounds[name] else None
+        both = ratio_interval(bounds[base], bounds[name])  # None without both intervals
         found[name] = {"speedup": ratio, "low": both[0] if both else None,
                        "high": both[1] if both else None}  # fmt: skip
     return found

@@ -8,9 +8,10 @@ import statistics
 import torch
 from torch import nn
 
+from ..harness.stopping import compare_times, median_interval
 from . import backward as bw
 from .swap import swaps
-from .timing import call_samples, median_bounds, time_calls
+from .timing import call_samples, time_calls
 
 # the user's model and the optimized copy timed side by side: enough calls for the medians'
 # intervals (6 at least), about 0.1 s of each
@@ -34,7 +35,7 @@ class EndToEnd:
                 [lambda m=m: m(*self.args, **self.kwargs) for m in (against, self.model)],
                 self.device, queued=queued, min_reps=PAIR_MIN_REPS, target_ms=PAIR_TARGET_MS,
             )  # fmt: skip
-        bounds = [median_bounds(taken) for taken in samples]
+        bounds = [median_interval(taken) for taken in samples]
         self.pair_bounds = None if None in bounds else tuple(bounds)
         return tuple(statistics.median(taken) for taken in samples)
 
@@ -58,8 +59,9 @@ class EndToEnd:
             return False
         if self.pair_bounds is None:
             return after_ms * self.min_speedup > before_ms * 1.01
-        (_, before_high), (after_low, _) = self.pair_bounds
-        return after_low * self.min_speedup > before_high
+        before, after = self.pair_bounds
+        scaled = tuple(t * self.min_speedup for t in after)
+        return compare_times(after_ms * self.min_speedup, scaled, before_ms, before) == "slower"
 
     def keep_what_speeds_up(self, before_ms: float, after_ms: float) -> tuple[float, float]:
         """While the model with its kernels is slower than without (slower_with_kernels), take

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from ..harness.stopping import compare_times
 from ..reporting.html import optimize_html
 from ..reporting.markdown import optimize_text
 
@@ -113,9 +114,11 @@ class OptimizeResult:
         """A line for the report when before and after are a tie: their intervals overlap."""
         if self.before_interval is None or self.after_interval is None:
             return ""
-        (lo, hi), (alo, ahi) = self.before_interval, self.after_interval
-        if ahi < lo or alo > hi:
+        verdict = compare_times(self.after_ms, self.after_interval, self.before_ms,
+                                self.before_interval)  # fmt: skip
+        if verdict != "tie":
             return ""
+        (lo, hi), (alo, ahi) = self.before_interval, self.after_interval
         return (
             f"before and after are within the noise: their 95% intervals, {lo:.3g}-{hi:.3g} ms "
             f"and {alo:.3g}-{ahi:.3g} ms, overlap (the kernels stay; a host-paced forward moves "

@@ -83,13 +83,6 @@ def time_calls(fns: Sequence[Callable[[], Any]], device, *, min_reps: int = 5,
     return [statistics.median(taken) for taken in samples]
 
 
-def median_bounds(samples: Sequence[float]) -> tuple[float, float] | None:
-    """The 95% interval of the median of `samples` (harness.stopping); None under 6 samples."""
-    from ..harness.stopping import median_interval
-
-    return median_interval(samples)
-
-
 def call_samples(fns: Sequence[Callable[[], Any]], device, *, min_reps: int = 5,
                  max_reps: int = 100, target_ms: float = 60.0, warmup: int = 2,
                  queued: bool = False) -> list[list[float]]:  # fmt: skip
