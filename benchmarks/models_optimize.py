@@ -506,7 +506,121 @@ def compile_check(name: str, args) -> dict:
     report["gpu_and_host_ms"] = gpu_and_host(fns)
     print(f"== {name} under torch.compile: {report['end_to_end_ms']}; GPU / host: "
           f"{report['gpu_and_host_ms']}", flush=True)  # fmt: skip
+    if args.kernels:  # where each variant's GPU time goes, kernel by kernel
+        fns = {"eager": forward_of(model, inputs), **fns}
+        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        print(f"== {name}: attention implementation {attention!r}", flush=True)
+        for variant, fn in fns.items():
+            rows = step_kernels(fn, steps=3, top=args.kernels)
+            report.setdefault("kernels_ms", {})[variant] = rows
+            print_kernels(f"== {name}, {variant}: GPU ms per forward by kernel", rows)
     return report
+
+
+ATTENTION = ["scaled_dot_product_attention"]  # the hot spots --for-compile asks for (label text)
+
+
+def compiled_call(name: str, device, small: bool):
+    """(model, keyword inputs) for --for-compile: use_cache=False given, so that eager, the
+    search and torch.compile all call the attention layers without a key/value cache."""
+    model, inputs = build(name, device, small=small)
+    return model, {"input_ids": inputs[0], "use_cache": False}
+
+
+def keyword_forward(model, kwargs):
+    def call():
+        with torch.no_grad():
+            return model(**kwargs)
+
+    return call
+
+
+def for_compile_run(name: str, args) -> dict:
+    """optimize(for_compile=True) on the attention calls torch.compile's graph makes (Hugging
+    Face masks built as under compile), then, with --measure, torch.compile(model) against
+    torch.compile of the optimized model, side by side (and choose_under_compile's copy)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, call = compiled_call(name, device, args.small)
+    out = Path(args.out) / name
+    began = time.perf_counter()
+    result = cudaforge.optimize(
+        model, call, llm=args.llm, rounds=args.rounds, transcripts=out / "transcripts",
+        store=Path(args.out) / "store.sqlite3", reuse=False, targets=ATTENTION, min_share=0.0,
+        max_hotspots=args.max_hotspots, for_compile=True,
+    )  # fmt: skip
+    report = {"model": name, "for_compile": True, "optimize_s": time.perf_counter() - began,
+              **result.to_dict()}  # fmt: skip
+    print(result.report(), flush=True)
+    if not args.measure or device != "cuda":
+        return report
+    chosen = copy.deepcopy(result.model)
+    choose_under_compile(chosen, call, report)
+    fns = {
+        "eager": keyword_forward(model, call),
+        "compile": keyword_forward(torch.compile(model), call),
+        "compile(cudaforge)": keyword_forward(torch.compile(result.model), call),
+        "compile(cudaforge, chosen)": keyword_forward(torch.compile(chosen), call),
+    }
+    expected = _logits(fns["eager"]()).float()
+    report["max_abs_err_vs_eager"] = {}
+    for variant, fn in fns.items():
+        got = _logits(fn()).float()
+        report["max_abs_err_vs_eager"][variant] = float((got - expected).abs().max())
+    print(f"== {name} --for-compile, max abs error of the logits against eager: "
+          f"{report['max_abs_err_vs_eager']}", flush=True)  # fmt: skip
+    samples: dict = {}
+    report["end_to_end_ms"] = time_side_by_side(fns, reps=args.reps, samples_out=samples)
+    report["speedups_over_compile"] = speedups_over("compile", samples)
+    print(f"== {name} --for-compile, ms per forward (medians, interleaved): "
+          f"{report['end_to_end_ms']}", flush=True)  # fmt: skip
+    said = ", ".join(f"{k} {v['speedup']:.3f}x" + (f" ({v['low']:.3f}-{v['high']:.3f})"
+                                                   if v["low"] else "")
+                     for k, v in report["speedups_over_compile"].items())  # fmt: skip
+    print(f"== {name} --for-compile, speedup over torch.compile (95% interval): {said}",
+          flush=True)  # fmt: skip
+    report["gpu_and_host_ms"] = gpu_and_host(fns)
+    print(f"== {name} --for-compile, GPU time with launches queued ahead / host time to issue, "
+          f"ms: {report['gpu_and_host_ms']}", flush=True)  # fmt: skip
+    if args.kernels:
+        for variant in ("compile", "compile(cudaforge, chosen)"):
+            rows = step_kernels(fns[variant], steps=3, top=args.kernels)
+            report.setdefault("kernels_ms", {})[variant] = rows
+            print_kernels(f"== {name} --for-compile, {variant}: GPU ms per forward by kernel",
+                          rows)  # fmt: skip
+    return report
+
+
+def start_compile_loops(args) -> list:
+    """On the CPU, the first prompts of --for-compile's hot spots (the attention calls of the
+    model as torch.compile runs it), named and placed as the GPU run's optimize() names and
+    places them, with the GPU's facts from the inference run's transcript of the same site."""
+    from cudaforge.agents.loop import run_loop
+    from cudaforge.agents.resume import RecordedRun, transcript_for
+    from cudaforge.model.compile_view import compiled_view
+    from cudaforge.model.hotspots import find_hotspots
+
+    def no_evaluation(problem_source, candidate_source):
+        raise RuntimeError("a candidate to evaluate: the next GPU run does it")
+
+    waiting = []
+    for name in args.models or ("gpt2",):
+        folder = Path(args.out) / name / "transcripts"
+        if folder.is_dir() and any(folder.glob("*.jsonl")):
+            continue  # started: --render resumes it
+        inference = Path(args.gpu_facts_from) if args.gpu_facts_from else None
+        recorded = RecordedRun.read(inference) if inference else None
+        gpu = recorded.start.get("gpu", "") if recorded is not None else ""
+        model, call = compiled_call(name, "cpu", args.small)
+        with compiled_view():
+            found = find_hotspots(model, call, targets=ATTENTION, min_share=0.0,
+                                  paths=["transformer.h.0.attn"], max_hotspots=1)  # fmt: skip
+        for hotspot in found:
+            run, transcript = transcript_for(folder, hotspot.name, hotspot.problem_source)
+            loop = run_loop(hotspot.problem_source, no_evaluation, coder=args.llm,
+                            rounds=args.rounds, transcript=transcript, name=run, gpu=gpu)  # fmt: skip
+            print(f"{name}/{transcript.stem}: {loop.stop_reason}", flush=True)
+            waiting += loop.waiting_for
+    return waiting
 
 
 def start_training_loops(args) -> list:
@@ -579,7 +693,7 @@ def render(args) -> int:
     def no_evaluation(problem_source, candidate_source):
         raise NeedsGpu  # a candidate to evaluate: the next GPU run does it
 
-    waiting = start_training_loops(args)
+    waiting = start_compile_loops(args) if args.for_compile else start_training_loops(args)
     for path in sorted(Path(args.out).glob("*/transcripts/*.jsonl")):
         recorded = RecordedRun.read(path)
         if recorded is None:
@@ -628,6 +742,16 @@ def main(argv=None) -> int:
     parser.add_argument("--compile-check", action="store_true",
                         help="only: load() the stored kernels, choose_under_compile, and time "
                         "torch.compile with and without them (GPU)")  # fmt: skip
+    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                        help="with --compile-check: the N kernels taking the most GPU time in "
+                        "eager, compile and compile with the chosen kernels")  # fmt: skip
+    parser.add_argument("--for-compile", action="store_true",
+                        help="only: optimize(for_compile=True) on the attention calls of the "
+                        "model as torch.compile runs it; with --measure, torch.compile with "
+                        "and without the kernels (with --render: its first prompts, CPU)")  # fmt: skip
+    parser.add_argument("--gpu-facts-from", metavar="TRANSCRIPT",
+                        help="with --render --for-compile: the GPU facts for the first prompts, "
+                        "from an earlier GPU run's transcript")  # fmt: skip
     args = parser.parse_args(argv)
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
@@ -641,6 +765,14 @@ def main(argv=None) -> int:
             path.write_text(json.dumps(report, indent=2, default=str))
         return 0
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.for_compile:
+        waiting = 0
+        for name in args.models or ("gpt2",):
+            report = for_compile_run(name, args)
+            waiting += len(report.get("waiting_for", []))
+            path = Path(args.out) / f"{name}-for-compile.json"
+            path.write_text(json.dumps(report, indent=2, default=str))
+        return EXIT_WAITING if waiting else 0
     reports, waiting = [], 0
     for name in args.models or ("gpt2", "resnet50"):
         report = run_model(name, args)

@@ -44,6 +44,7 @@ from ..harness.results import EvalResult
 from ..reporting.formatting import times
 from . import backward as bw
 from . import remembered_search
+from .compile_view import compiled_view
 from .end_to_end import EndToEnd
 from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot
 from .outcomes import HotspotOutcome, OptimizeResult, PhaseClock
@@ -592,6 +593,7 @@ def optimize(
     profile: bool = True,
     transcripts: str | Path | None = None,
     backward: bool | None = None,
+    for_compile: bool = False,
 ) -> OptimizeResult:
     """Make `model` faster on inputs like `example_inputs` with verified kernels for its hot spots.
 
@@ -622,6 +624,9 @@ def optimize(
     prompt files in `.waiting_for` (result.waiting_for lists all); run again once they are
     answered. cluster: "ray" evaluates on a Ray cluster when no pool is given (a
     cudaforge.RayPool on the cluster RAY_ADDRESS names, or a local instance; closed at the end).
+    for_compile: find and verify the hot spots as torch.compile runs the model, for
+    `torch.compile(result.model)`: Hugging Face attention masks are built as under compile
+    (cudaforge.model.compile_view); eager calls then run the original code at those sites.
 
     Raises HotspotError when the model cannot be handled (the message says what and why)."""
     if cluster not in (None, "ray"):
@@ -653,12 +658,26 @@ def optimize(
         run.transcripts = Path(transcripts)
         run.transcripts.mkdir(parents=True, exist_ok=True)
     if cluster is None or pool is not None:
-        return run.run(agent_options)
+        return _run_in_view(run, agent_options, for_compile)
     from ..harness.ray_pool import RayPool
 
     with RayPool() as ray_pool:
         run.pool = ray_pool
+        return _run_in_view(run, agent_options, for_compile)
+
+
+def _run_in_view(run: _Run, agent_options: dict | None, for_compile: bool) -> OptimizeResult:
+    """run.run(agent_options), inside compile_view's compiled_view() for for_compile."""
+    if not for_compile:
         return run.run(agent_options)
+    with compiled_view() as changed:
+        if not changed:
+            run.progress.say("for_compile: no transformers masking to change; eager and "
+                             "torch.compile make the same calls here")  # fmt: skip
+        result = run.run(agent_options)
+    for swap in swaps(result.model):
+        swap.compile_only = True
+    return result
 
 
 def apply_stored(
@@ -679,6 +698,7 @@ def apply_stored(
     tolerance: float | None = None,
     eval_options: dict | None = None,
     backward: bool | None = None,
+    for_compile: bool = False,
 ) -> OptimizeResult:
     """Re-apply stored kernels to `model`, with no LLM at all: find the hot spots again, take the
     fastest stored kernel of each (same problem, GPU arch, dtype and shapes) that passes again in
@@ -692,7 +712,7 @@ def apply_stored(
     )  # fmt: skip
     if run.store is None:
         raise ValueError("apply_stored() needs a store (store=False leaves nothing to apply)")
-    return run.run(None)
+    return _run_in_view(run, None, for_compile)
 
 
 load = apply_stored  # the name it had first

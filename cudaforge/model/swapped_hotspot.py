@@ -29,6 +29,7 @@ from torch import Tensor, fx, nn
 
 from .candidate import build_candidate
 from .codegen import TensorSpec, device_index
+from .compile_view import in_compiled_view
 from .hotspot_op import EagerHotspot, bypassed, bypassing, recompute_gradients, register
 from .owner_forward import OwnerForward, forward_code, forward_signature
 from .sites import Site, rebuild_output
@@ -148,6 +149,9 @@ class SwappedHotspot:
         # False: while torch.compile traces the model, the original code runs instead, for
         # Inductor to fuse (under_compile.choose_under_compile decides)
         self.under_compile = True
+        # True (optimize(for_compile=True)): verified on the calls torch.compile's graph makes
+        # (compile_view); an eager call that differs runs the original without a warning
+        self.compile_only = False
         self.check = SwapCheck()
         self.original_forward = None  # module/block: the forward it replaced
         self.previous = None  # module/block: an instance forward that was there before
@@ -349,7 +353,7 @@ class SwappedHotspot:
             return
         self.stats.fallbacks += 1
         self.stats.reason = reason
-        if not self.warned:
+        if not self.warned and not (self.compile_only and not in_compiled_view()):
             self.warned = True
             warnings.warn(
                 f"cudaforge: {self.name}: {reason}; running the original PyTorch code for such "
