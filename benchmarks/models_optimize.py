@@ -538,7 +538,7 @@ def keyword_forward(model, kwargs):
 def for_compile_run(name: str, args) -> dict:
     """optimize(for_compile=True) on the attention calls torch.compile's graph makes (Hugging
     Face masks built as under compile), then, with --measure, torch.compile(model) against
-    torch.compile of the optimized model, side by side (and choose_under_compile's copy)."""
+    torch.compile of the optimized model (after choose_under_compile), side by side."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, call = compiled_call(name, device, args.small)
     out = Path(args.out) / name
@@ -553,13 +553,14 @@ def for_compile_run(name: str, args) -> dict:
     print(result.report(), flush=True)
     if not args.measure or device != "cuda":
         return report
-    chosen = copy.deepcopy(result.model)
-    choose_under_compile(chosen, call, report)
+    # each kernel against torch.compile of its hot spot alone (no whole-model compiles: two
+    # compiles of GPT-2 below are most of this run's time)
+    choices = cudaforge.choose_under_compile(result.model, say=print)
+    report["under_compile"] = [c.to_dict() for c in choices]
     fns = {
         "eager": keyword_forward(model, call),
         "compile": keyword_forward(torch.compile(model), call),
         "compile(cudaforge)": keyword_forward(torch.compile(result.model), call),
-        "compile(cudaforge, chosen)": keyword_forward(torch.compile(chosen), call),
     }
     expected = _logits(fns["eager"]()).float()
     report["max_abs_err_vs_eager"] = {}
@@ -582,7 +583,7 @@ def for_compile_run(name: str, args) -> dict:
     print(f"== {name} --for-compile, GPU time with launches queued ahead / host time to issue, "
           f"ms: {report['gpu_and_host_ms']}", flush=True)  # fmt: skip
     if args.kernels:
-        for variant in ("compile", "compile(cudaforge, chosen)"):
+        for variant in ("compile", "compile(cudaforge)"):
             rows = step_kernels(fns[variant], steps=3, top=args.kernels)
             report.setdefault("kernels_ms", {})[variant] = rows
             print_kernels(f"== {name} --for-compile, {variant}: GPU ms per forward by kernel",
