@@ -555,8 +555,9 @@ def for_compile_run(name: str, args) -> dict:
         return report
     # each kernel against torch.compile of its hot spot alone (no whole-model compiles: two
     # compiles of GPT-2 below are most of this run's time)
-    choices = cudaforge.choose_under_compile(result.model, say=print)
-    report["under_compile"] = [c.to_dict() for c in choices]
+    if not args.keep_under_compile:
+        choices = cudaforge.choose_under_compile(result.model, say=print)
+        report["under_compile"] = [c.to_dict() for c in choices]
     fns = {
         "eager": keyword_forward(model, call),
         "compile": keyword_forward(torch.compile(model), call),
@@ -750,6 +751,9 @@ def main(argv=None) -> int:
                         help="only: optimize(for_compile=True) on the attention calls of the "
                         "model as torch.compile runs it; with --measure, torch.compile with "
                         "and without the kernels (with --render: its first prompts, CPU)")  # fmt: skip
+    parser.add_argument("--keep-under-compile", action="store_true",
+                        help="with --for-compile --measure: no choose_under_compile, every "
+                        "kernel stays in under compile")  # fmt: skip
     parser.add_argument("--gpu-facts-from", metavar="TRANSCRIPT",
                         help="with --render --for-compile: the GPU facts for the first prompts, "
                         "from an earlier GPU run's transcript")  # fmt: skip
