@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from test_swap import ops_under_compile
 
 import cudaforge
 from cudaforge.agents.providers import ScriptedProvider
@@ -78,23 +79,6 @@ def reference_as_candidate(messages):
     return "```python\n" + re.sub(r"\bclass Model\(", "class ModelNew(", problem) + "```"
 
 
-def ops_under_compile(model, call):
-    """The call_function targets of torch.compile's graph of model(**call), and its logits."""
-    seen = []
-
-    def backend(gm, example_inputs):
-        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            logits = torch.compile(model, backend=backend)(**call).logits
-    finally:
-        torch._dynamo.reset()
-    return seen, logits
-
-
 @pytest.fixture(scope="module")
 def pool():
     with WorkerPool(1, device="cpu") as workers:
@@ -130,17 +114,19 @@ def test_for_compile_swaps_the_attention_call_that_torch_compile_makes(pool):
     torch.testing.assert_close(eager, expected)
     assert [s.stats.kernel_calls for s in installed] == calls
     assert all(s.stats.fallbacks > 0 for s in installed)
-    ops, compiled = ops_under_compile(result.model, call)
+    with torch.no_grad():
+        ops, compiled = ops_under_compile(result.model, **call)
     assert ops.count("cudaforge.hotspot") == 2, ops
     assert not any("scaled_dot_product" in op for op in ops)
-    torch.testing.assert_close(compiled, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(compiled.logits, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_without_for_compile_the_site_is_the_eager_call_that_compile_never_makes(pool):
     model, call, result, hotspot = optimized(pool, for_compile=False)
     assert "is_causal = True" in hotspot.problem_source and "tril" not in hotspot.problem_source
     assert not any(s.compile_only for s in swaps(result.model))
-    ops, compiled = ops_under_compile(result.model, call)
+    with torch.no_grad():
+        ops, compiled = ops_under_compile(result.model, **call)
     assert "cudaforge.hotspot" not in ops  # compile's call (with a mask) does not match
     with torch.no_grad():
-        torch.testing.assert_close(compiled, model(**call).logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(compiled.logits, model(**call).logits, atol=1e-4, rtol=1e-4)

@@ -307,8 +307,9 @@ def test_swapping_twice_is_refused_and_deepcopy_works(mlp):
     assert isinstance(copied.site.module, nn.Linear) and copied.site.module is twin.fc2
 
 
-def _ops_under_compile(model, x):
-    """The call_function targets torch.compile's graph of model(x) holds, and its output."""
+def ops_under_compile(model, *args, **kwargs):
+    """The call_function targets torch.compile's graph of model(*args, **kwargs) holds, and its
+    output."""
     seen = []
 
     def backend(gm, example_inputs):
@@ -316,8 +317,10 @@ def _ops_under_compile(model, x):
         return gm.forward
 
     torch._dynamo.reset()
-    out = torch.compile(model, backend=backend)(x)
-    torch._dynamo.reset()
+    try:
+        out = torch.compile(model, backend=backend)(*args, **kwargs)
+    finally:
+        torch._dynamo.reset()
     return seen, out
 
 
@@ -341,7 +344,7 @@ def test_a_kernel_that_loses_to_compile_steps_aside_under_compile_only():
         assert swap.under_compile == choice.under_compile
     for swap in installed:
         swap.under_compile = False
-    ops, out = _ops_under_compile(model, x)
+    ops, out = ops_under_compile(model, x)
     assert "cudaforge.hotspot" not in " ".join(ops) and ops  # the originals, traced
     torch.testing.assert_close(out, expected)
     before = stats(model)
@@ -350,7 +353,7 @@ def test_a_kernel_that_loses_to_compile_steps_aside_under_compile_only():
         v["kernel_calls"] for v in before.values()
     )
     installed[0].under_compile = True
-    ops, out = _ops_under_compile(model, x)
+    ops, out = ops_under_compile(model, x)
     assert " ".join(ops).count("cudaforge.hotspot") == 1
     torch.testing.assert_close(out, expected)
 
@@ -372,7 +375,7 @@ def test_a_channels_last_output_keeps_its_layout():
     assert swap.stats.kernel_calls > 0
     assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
     torch.testing.assert_close(out, expected)
-    ops, compiled_out = _ops_under_compile(model, x)
+    ops, compiled_out = ops_under_compile(model, x)
     assert "cudaforge.hotspot" in " ".join(ops)
     torch.testing.assert_close(compiled_out, expected)
     assert compiled_out.stride() == expected.stride()
