@@ -586,6 +586,13 @@ def for_compile_run(name: str, args) -> dict:
                      for k, v in report["speedups_over_compile"].items())  # fmt: skip
     print(f"== {name} --for-compile, speedup over torch.compile (95% interval): {said}",
           flush=True)  # fmt: skip
+    ro = "compile(reduce-overhead)"
+    if ro in samples:  # the kernel against compile, both replayed as CUDA graphs
+        pair = {k: samples[k] for k in (ro, "compile(cudaforge, reduce-overhead)")}
+        got = speedups_over(ro, pair)["compile(cudaforge, reduce-overhead)"]
+        report["speedup_over_reduce_overhead"] = got
+        print(f"== {name} --for-compile, compile(cudaforge, reduce-overhead) over {ro}: "
+              f"{got['speedup']:.3f}x (95% interval {got['low']}-{got['high']})", flush=True)  # fmt: skip
     report["gpu_and_host_ms"] = gpu_and_host(fns)
     print(f"== {name} --for-compile, GPU time with launches queued ahead / host time to issue, "
           f"ms: {report['gpu_and_host_ms']}", flush=True)  # fmt: skip

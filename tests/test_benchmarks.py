@@ -4,6 +4,7 @@ benchmarks/RESULTS.md)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -274,3 +275,20 @@ def test_models_optimize_gives_each_speedup_over_eager_with_its_interval():
     assert fast["speedup"] == pytest.approx(1.25) and fast["low"] < 1.25 < fast["high"]
     assert fast["high"] / fast["low"] < 1.05  # runs this steady bound it closely
     assert found["few"]["low"] is None and found["few"]["speedup"] == pytest.approx(2.01, abs=0.02)
+
+
+def test_models_optimize_for_compile_writes_the_masked_attention_problems_first_prompt(tmp_path):
+    pytest.importorskip("transformers.masking_utils")
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "models_optimize.py"), "gpt2", "--for-compile", "--small",
+         "--rounds", "1", "--llm", f"file:{tmp_path / 'llm'}?wait=0", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "CUDAFORGE_CACHE_DIR": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert out.returncode == 4, out.stderr[-3000:]  # waiting for the Coder's first reply
+    (prompt,) = (tmp_path / "llm").glob("*scaled_dot_product_attention/coder-r1-l0.prompt.md")
+    text = prompt.read_text()
+    assert "attn_mask = attention_mask" in text
+    assert "torch.tril(torch.ones((32, 32), dtype=torch.bool)).expand((2, 1, 32, 32))" in text
+    report = json.loads((tmp_path / "gpt2-for-compile.json").read_text())
+    assert report["for_compile"] and len(report["hotspots"]) == 1
