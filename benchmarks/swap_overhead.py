@@ -6,6 +6,8 @@ verified, then the kernel; for a call that autograd records, a forward and a bac
 model's forward or training step is paced by the host, that time is what decides. This times, with
 a torch stand-in kernel (the problem's own Model, so kernel time is the same on both sides):
 - inference: the model's forward, original against swapped, and the candidate called directly;
+  one kernel call through the custom op and through `hotspot_infer` (what torch.compile's
+  graph calls, with and without gradients) against without;
 - training: forward + backward of the model, through EagerHotspot against through the custom op,
   both with a backward kernel (the stand-in's own autograd).
 
@@ -67,6 +69,15 @@ def main() -> int:
         print(f"inference, us per forward: original {per_call_us(lambda: original(x), args.calls):.1f}"
               f", swapped {per_call_us(lambda: model(x), args.calls):.1f}, candidate alone "
               f"{per_call_us(lambda: swap.candidate(x), args.calls):.1f}")  # fmt: skip
+        # what torch.compile's graph calls at a swapped site: the custom op, against the same
+        # kernel call without its dispatch
+        ops = torch.ops.cudaforge
+        op = per_call_us(lambda: ops.hotspot(swap.handle, [x], swap.bound), args.calls)
+        lean = per_call_us(lambda: ops.hotspot_infer(swap.handle, [x], swap.bound), args.calls)
+        direct = per_call_us(lambda: swap.run_kernel([x], swap.bound), args.calls)
+        print(f"inference, us per kernel call: through the custom op {op:.1f} ({op - direct:+.1f})"
+              f", through hotspot_infer {lean:.1f} ({lean - direct:+.1f}), run_kernel directly "
+              f"{direct:.1f}")  # fmt: skip
     xg = x.clone().requires_grad_()
 
     def step(m):

@@ -116,7 +116,7 @@ def test_for_compile_swaps_the_attention_call_that_torch_compile_makes(pool):
     assert all(s.stats.fallbacks > 0 for s in installed)
     with torch.no_grad():
         ops, compiled = ops_under_compile(result.model, **call)
-    assert ops.count("cudaforge.hotspot") == 2, ops
+    assert ops.count("cudaforge.hotspot_infer") == 2, ops  # no gradients: the lean op
     assert not any("scaled_dot_product" in op for op in ops)
     torch.testing.assert_close(compiled.logits, expected, atol=1e-4, rtol=1e-4)
 
@@ -127,6 +127,6 @@ def test_without_for_compile_the_site_is_the_eager_call_that_compile_never_makes
     assert not any(s.compile_only for s in swaps(result.model))
     with torch.no_grad():
         ops, compiled = ops_under_compile(result.model, **call)
-    assert "cudaforge.hotspot" not in ops  # compile's call (with a mask) does not match
+    assert not any(op.startswith("cudaforge.") for op in ops)  # compile's call (a mask) differs
     with torch.no_grad():
         torch.testing.assert_close(compiled.logits, model(**call).logits, atol=1e-4, rtol=1e-4)

@@ -94,6 +94,23 @@ def _hotspot_backward(ctx, grads):
 
 hotspot.register_autograd(_hotspot_backward, setup_context=_hotspot_setup)
 
+# The same call for graphs that need no gradient (inference under torch.compile), defined
+# through torch.library.Library with a single CompositeExplicitAutograd kernel: it skips
+# custom_op's Python layers (the autograd wrapper's no-grad path, its redispatch, the backend
+# wrapper): `benchmarks/swap_overhead.py` times what each op adds to a kernel call. Twelve calls
+# of the custom op paced GPT-2's compiled forward on the H200 (benchmarks/RESULTS.md,
+# 2026-12-04). Only for calls where no input requires a gradient.
+_inference_library = torch.library.Library("cudaforge", "FRAGMENT")
+_inference_library.define("hotspot_infer(int handle, Tensor[] inputs, Tensor[] params) -> Tensor[]")
+
+
+def _hotspot_infer(handle: int, inputs: list[Tensor], params: list[Tensor]) -> list[Tensor]:
+    return _lookup(handle).run_kernel(list(inputs), list(params))
+
+
+_inference_library.impl("hotspot_infer", _hotspot_infer, "CompositeExplicitAutograd")
+torch.library.register_fake("cudaforge::hotspot_infer", _hotspot_fake, lib=_inference_library)
+
 
 class EagerHotspot(torch.autograd.Function):
     """The custom op's forward and backward as an autograd.Function, for eager calls:
