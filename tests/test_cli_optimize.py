@@ -66,3 +66,19 @@ def test_optimize_a_hugging_face_script_through_the_file_provider(tmp_path):
         kinds = [json.loads(line)["kind"] for line in log.read_text().splitlines()]
         assert kinds.count("resume") == 1 and "eval" in kinds  # resumed, the reply evaluated
     assert Path(tmp_path / "store.sqlite3").exists()
+
+
+def test_for_compile_asks_for_the_attention_call_that_torch_compile_makes(tmp_path):
+    pytest.importorskip("transformers.masking_utils")
+    script = tmp_path / "my_model.py"
+    script.write_text(SCRIPT)
+    replies = tmp_path / "replies"
+    run = cli("optimize", str(script), "--for-compile", "--llm", f"file:{replies}?wait=0",
+              "--rounds", "1", "--transcripts", str(tmp_path / "transcripts"), "--store",
+              str(tmp_path / "store.sqlite3"), "--no-profile", "--targets",
+              "scaled_dot_product_attention", "--min-share", "0",
+              env={"CUDAFORGE_CACHE_DIR": str(tmp_path / "cache")})  # fmt: skip
+    assert run.returncode == 4, run.stderr[-3000:]
+    (prompt,) = replies.glob("*/coder-r1-l0.prompt.md")
+    text = prompt.read_text()
+    assert "attn_mask = attention_mask" in text and "torch.tril(" in text

@@ -370,6 +370,7 @@ def cmd_optimize(args) -> int:
         judge=args.judge,
         rounds=args.rounds,
         training=args.training,
+        for_compile=args.for_compile,
         profile=not args.no_profile,
         transcripts=args.transcripts,
         store=args.store,
@@ -511,6 +512,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script", help="a .py file defining get_model() and get_inputs()")
     _add_llm_options(p)
     p.add_argument("--training", action="store_true", help="keep autograd right")
+    p.add_argument(
+        "--for-compile", action="store_true",
+        help="hot spots as torch.compile runs the model (Hugging Face attention masks built as "
+        "under compile), for torch.compile of the result",
+    )  # fmt: skip
     p.add_argument(
         "--transcripts", metavar="DIR",
         help="one agents transcript per hot spot here; running again with it resumes them",
