@@ -112,6 +112,13 @@ def speedups_over(base: str, samples: dict) -> dict:
     return found
 
 
+def said_speedups(found: dict) -> str:
+    """speedups_over's result as one line: "name 1.234x (1.100-1.300), ..."."""
+    return ", ".join(f"{k} {v['speedup']:.3f}x" + (f" ({v['low']:.3f}-{v['high']:.3f})"
+                                                   if v["low"] else "")
+                     for k, v in found.items())  # fmt: skip
+
+
 def gpu_and_host(fns: dict, reps: int = 10, spin_cycles: int = 80_000_000) -> dict:
     """Per callable, medians of: its GPU time with every launch queued ahead (behind a spin of
     spin_cycles, 80M about 40 ms on the H200, so the GPU never waits for the host) and the
@@ -149,9 +156,11 @@ def _logits(out):
 
 
 def forward_of(model, inputs):
+    """A no-grad forward of model on inputs: positional (a tuple) or keyword (a dict)."""
+
     def call():
         with torch.no_grad():
-            return model(*inputs)
+            return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
     call.model = model  # for process_state
     return call
@@ -260,9 +269,7 @@ def run_model(name: str, args) -> dict:
     report["end_to_end_ms"] = ms
     report["speedups_over_eager"] = speedups_over("eager", samples)
     print(f"== {name} inference, ms per forward (medians, interleaved): {ms}", flush=True)
-    said = ", ".join(f"{k} {v['speedup']:.3f}x" + (f" ({v['low']:.3f}-{v['high']:.3f})"
-                                                   if v["low"] else "")
-                     for k, v in report["speedups_over_eager"].items())  # fmt: skip
+    said = said_speedups(report["speedups_over_eager"])
     print(f"== {name} inference, speedup over eager (95% interval): {said}", flush=True)
     if device == "cuda":
         report["gpu_and_host_ms"] = gpu_and_host({**fns, **compiled})
@@ -449,6 +456,14 @@ def step_kernels(step, steps: int = 2, top: int = 12) -> list:
     return [("(all kernels)", total)] + rows[:top]
 
 
+def kernel_tables(fns: dict, report: dict, title: str, top: int) -> None:
+    """step_kernels of each variant into report["kernels_ms"], printed under title % variant."""
+    for variant, fn in fns.items():
+        rows = step_kernels(fn, steps=3, top=top)
+        report.setdefault("kernels_ms", {})[variant] = rows
+        print_kernels(title % variant, rows)
+
+
 def print_kernels(title: str, rows: list) -> None:
     """step_kernels' rows under a title, one kernel a line."""
     print(title)
@@ -510,10 +525,7 @@ def compile_check(name: str, args) -> dict:
         fns = {"eager": forward_of(model, inputs), **fns}
         attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
         print(f"== {name}: attention implementation {attention!r}", flush=True)
-        for variant, fn in fns.items():
-            rows = step_kernels(fn, steps=3, top=args.kernels)
-            report.setdefault("kernels_ms", {})[variant] = rows
-            print_kernels(f"== {name}, {variant}: GPU ms per forward by kernel", rows)
+        kernel_tables(fns, report, f"== {name}, %s: GPU ms per forward by kernel", args.kernels)
     return report
 
 
@@ -525,14 +537,6 @@ def compiled_call(name: str, device, small: bool):
     search and torch.compile all call the attention layers without a key/value cache."""
     model, inputs = build(name, device, small=small)
     return model, {"input_ids": inputs[0], "use_cache": False}
-
-
-def keyword_forward(model, kwargs):
-    def call():
-        with torch.no_grad():
-            return model(**kwargs)
-
-    return call
 
 
 def for_compile_run(name: str, args) -> dict:
@@ -559,16 +563,14 @@ def for_compile_run(name: str, args) -> dict:
         choices = cudaforge.choose_under_compile(result.model, say=print)
         report["under_compile"] = [c.to_dict() for c in choices]
     fns = {
-        "eager": keyword_forward(model, call),
-        "compile": keyword_forward(torch.compile(model), call),
-        "compile(cudaforge)": keyword_forward(torch.compile(result.model), call),
+        "eager": forward_of(model, call),
+        "compile": forward_of(torch.compile(model), call),
+        "compile(cudaforge)": forward_of(torch.compile(result.model), call),
     }
     if args.graphs:  # Inductor's CUDA graphs: no host time per call on either side
         ro = "reduce-overhead"
-        fns[f"compile({ro})"] = keyword_forward(torch.compile(model, mode=ro), call)
-        fns[f"compile(cudaforge, {ro})"] = keyword_forward(
-            torch.compile(result.model, mode=ro), call
-        )
+        fns[f"compile({ro})"] = forward_of(torch.compile(model, mode=ro), call)
+        fns[f"compile(cudaforge, {ro})"] = forward_of(torch.compile(result.model, mode=ro), call)
     expected = _logits(fns["eager"]()).float()
     report["max_abs_err_vs_eager"] = {}
     for variant, fn in fns.items():
@@ -581,28 +583,29 @@ def for_compile_run(name: str, args) -> dict:
     report["speedups_over_compile"] = speedups_over("compile", samples)
     print(f"== {name} --for-compile, ms per forward (medians, interleaved): "
           f"{report['end_to_end_ms']}", flush=True)  # fmt: skip
-    said = ", ".join(f"{k} {v['speedup']:.3f}x" + (f" ({v['low']:.3f}-{v['high']:.3f})"
-                                                   if v["low"] else "")
-                     for k, v in report["speedups_over_compile"].items())  # fmt: skip
+    said = said_speedups(report["speedups_over_compile"])
     print(f"== {name} --for-compile, speedup over torch.compile (95% interval): {said}",
           flush=True)  # fmt: skip
     ro = "compile(reduce-overhead)"
     if ro in samples:  # the kernel against compile, both replayed as CUDA graphs
         pair = {k: samples[k] for k in (ro, "compile(cudaforge, reduce-overhead)")}
-        got = speedups_over(ro, pair)["compile(cudaforge, reduce-overhead)"]
-        report["speedup_over_reduce_overhead"] = got
-        print(f"== {name} --for-compile, compile(cudaforge, reduce-overhead) over {ro}: "
-              f"{got['speedup']:.3f}x (95% interval {got['low']}-{got['high']})", flush=True)  # fmt: skip
+        got = speedups_over(ro, pair)
+        report["speedup_over_reduce_overhead"] = got["compile(cudaforge, reduce-overhead)"]
+        print(f"== {name} --for-compile, over {ro} (95% interval): {said_speedups(got)}",
+              flush=True)  # fmt: skip
     report["gpu_and_host_ms"] = gpu_and_host(fns)
     print(f"== {name} --for-compile, GPU time with launches queued ahead / host time to issue, "
           f"ms: {report['gpu_and_host_ms']}", flush=True)  # fmt: skip
     if args.kernels:
-        for variant in [v for v in fns if v != "eager"]:
-            rows = step_kernels(fns[variant], steps=3, top=args.kernels)
-            report.setdefault("kernels_ms", {})[variant] = rows
-            print_kernels(f"== {name} --for-compile, {variant}: GPU ms per forward by kernel",
-                          rows)  # fmt: skip
+        compiled = {v: fn for v, fn in fns.items() if v != "eager"}
+        kernel_tables(compiled, report, f"== {name} --for-compile, %s: GPU ms per forward by "
+                      "kernel", args.kernels)  # fmt: skip
     return report
+
+
+def _no_evaluation(problem_source, candidate_source):
+    """The evaluator of loops started on the CPU: their first prompts need none."""
+    raise RuntimeError("a candidate to evaluate: the next GPU run does it")
 
 
 def start_compile_loops(args) -> list:
@@ -613,9 +616,6 @@ def start_compile_loops(args) -> list:
     from cudaforge.agents.resume import RecordedRun, transcript_for
     from cudaforge.model.compile_view import compiled_view
     from cudaforge.model.hotspots import find_hotspots
-
-    def no_evaluation(problem_source, candidate_source):
-        raise RuntimeError("a candidate to evaluate: the next GPU run does it")
 
     waiting = []
     for name in args.models or ("gpt2",):
@@ -631,7 +631,7 @@ def start_compile_loops(args) -> list:
                                   paths=["transformer.h.0.attn"], max_hotspots=1)  # fmt: skip
         for hotspot in found:
             run, transcript = transcript_for(folder, hotspot.name, hotspot.problem_source)
-            loop = run_loop(hotspot.problem_source, no_evaluation, coder=args.llm,
+            loop = run_loop(hotspot.problem_source, _no_evaluation, coder=args.llm,
                             rounds=args.rounds, transcript=transcript, name=run, gpu=gpu)  # fmt: skip
             print(f"{name}/{transcript.stem}: {loop.stop_reason}", flush=True)
             waiting += loop.waiting_for
@@ -650,9 +650,6 @@ def start_training_loops(args) -> list:
     from cudaforge.model.backward import backward_name, backward_problem
     from cudaforge.model.codegen import NotExtractable
     from cudaforge.model.hotspots import find_hotspots
-
-    def no_evaluation(problem_source, candidate_source):
-        raise RuntimeError("a candidate to evaluate: the next GPU run does it")
 
     waiting = []
     for name in ("gpt2", "llama"):
@@ -690,7 +687,7 @@ def start_training_loops(args) -> list:
                 run, transcript = transcript_for(folder, run, source)  # as optimize() names it
                 if transcript.exists():
                     continue
-                loop = run_loop(source, no_evaluation, coder=args.llm, rounds=args.rounds,
+                loop = run_loop(source, _no_evaluation, coder=args.llm, rounds=args.rounds,
                                 transcript=transcript, name=run, gpu=gpu)  # fmt: skip
                 print(f"{name}/{transcript.stem}: {loop.stop_reason}", flush=True)
                 waiting += loop.waiting_for
