@@ -608,20 +608,21 @@ def _no_evaluation(problem_source, candidate_source):
     raise RuntimeError("a candidate to evaluate: the next GPU run does it")
 
 
-def start_compile_loops(args) -> list:
+def start_compile_loops(args, compile_notes: dict) -> list:
     """On the CPU, the first prompts of --for-compile's hot spots (the attention calls of the
     model as torch.compile runs it), named and placed as the GPU run's optimize() names and
-    places them, with the GPU's facts from the inference run's transcript of the same site."""
+    places them, with the GPU's facts from the inference run's transcript of the same site and
+    the layout notes optimize() gives; a started loop's notes into compile_notes (path ->
+    notes) for render() to resume it with."""
     from cudaforge.agents.loop import run_loop
     from cudaforge.agents.resume import RecordedRun, transcript_for
     from cudaforge.model.compile_view import compiled_view
     from cudaforge.model.hotspots import find_hotspots
+    from cudaforge.model.swapped_hotspot import layout_notes
 
     waiting = []
     for name in args.models or ("gpt2",):
         folder = Path(args.out) / name / "transcripts"
-        if folder.is_dir() and any(folder.glob("*.jsonl")):
-            continue  # started: --render resumes it
         inference = Path(args.gpu_facts_from) if args.gpu_facts_from else None
         recorded = RecordedRun.read(inference) if inference else None
         gpu = recorded.start.get("gpu", "") if recorded is not None else ""
@@ -631,8 +632,13 @@ def start_compile_loops(args) -> list:
                                   paths=["transformer.h.0.attn"], max_hotspots=1)  # fmt: skip
         for hotspot in found:
             run, transcript = transcript_for(folder, hotspot.name, hotspot.problem_source)
+            notes = layout_notes(hotspot.sites[0])  # as optimize() gives them
+            if transcript.exists():  # started: render() resumes it, with these notes
+                compile_notes[str(transcript)] = notes
+                continue
             loop = run_loop(hotspot.problem_source, _no_evaluation, coder=args.llm,
-                            rounds=args.rounds, transcript=transcript, name=run, gpu=gpu)  # fmt: skip
+                            rounds=args.rounds, transcript=transcript, name=run, gpu=gpu,
+                            notes=notes)  # fmt: skip
             print(f"{name}/{transcript.stem}: {loop.stop_reason}", flush=True)
             waiting += loop.waiting_for
     return waiting
@@ -705,7 +711,11 @@ def render(args) -> int:
     def no_evaluation(problem_source, candidate_source):
         raise NeedsGpu  # a candidate to evaluate: the next GPU run does it
 
-    waiting = start_compile_loops(args) if args.for_compile else start_training_loops(args)
+    notes: dict = {}  # transcript -> its loop's notes; elsewhere the recorded ones
+    if args.for_compile:
+        waiting = start_compile_loops(args, notes)
+    else:
+        waiting = start_training_loops(args)
     for path in sorted(Path(args.out).glob("*/transcripts/*.jsonl")):
         recorded = RecordedRun.read(path)
         if recorded is None:
@@ -714,6 +724,7 @@ def render(args) -> int:
             loop = run_loop(
                 recorded.start["problem_source"], no_evaluation, coder=args.llm,
                 rounds=args.rounds, transcript=path, name=recorded.start["problem"],
+                notes=notes.get(str(path)),
             )  # fmt: skip
         except NeedsGpu:
             print(f"{path.parent.parent.name}/{path.stem}: needs_gpu (a new candidate)", flush=True)

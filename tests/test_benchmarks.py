@@ -290,5 +290,7 @@ def test_models_optimize_for_compile_writes_the_masked_attention_problems_first_
     text = prompt.read_text()
     assert "attn_mask = attention_mask" in text
     assert "torch.tril(torch.ones((32, 32), dtype=torch.bool)).expand((2, 1, 32, 32))" in text
+    # SDPA's output is a (B, H, L, D) view of (B, L, H, D) memory: the prompt says so
+    assert "is kept with strides (2048, 16, 64, 1)" in text and ".permute(0, 2, 1, 3)" in text
     report = json.loads((tmp_path / "gpt2-for-compile.json").read_text())
     assert report["for_compile"] and len(report["hotspots"]) == 1

@@ -183,3 +183,43 @@ def test_a_gpu_forge_resumed_on_the_cpu_exits_with_the_missing_gpu_code(
     code = main(["forge", str(problem), "--llm", f"file:{replies}?wait=0", "--out", str(out)])
     assert code == EXIT_MISSING
     assert "needs_gpu" in capsys.readouterr().err
+
+
+def _text(messages) -> str:
+    return "\n".join(m["content"] for m in messages)
+
+
+def test_notes_reach_every_prompt_and_a_resumed_run_takes_the_new_ones(tmp_path):
+    path = tmp_path / "run.jsonl"
+    coder, judge = ScriptedProvider(CODER[:2]), ScriptedProvider(JUDGE[:1])
+    run_loop(PROBLEM, CPUEvaluator(), coder=coder, judge=judge, rounds=2, transcript=path)
+    assert not any("How the model uses" in _text(m) for m in coder.prompts + judge.prompts)
+
+    note = "- Output 0 is kept with strides (1, 4)."
+    coder, judge = ScriptedProvider(CODER[2:]), ScriptedProvider(JUDGE[1:])
+    run_loop(PROBLEM, CPUEvaluator(), coder=coder, judge=judge, rounds=5, transcript=path,
+             notes=note)  # fmt: skip
+    asked = coder.prompts + judge.prompts
+    assert len(asked) == 3 and all(note in _text(m) for m in asked)
+    problem_end = _text(coder.prompts[0]).index(
+        "```\n", _text(coder.prompts[0]).index("class Model")
+    )
+    assert _text(coder.prompts[0]).index(note) > problem_end  # after the problem, outside its code
+    assert [r.get("notes") for r in read_transcript(path) if r["kind"] in ("start", "resume")] == [
+        "",
+        note,
+    ]
+
+
+def test_a_run_resumed_without_notes_keeps_its_recorded_ones(tmp_path):
+    """A resumed run given no notes (a CPU --render, say) asks what the run that recorded them
+    would ask: the file: provider refuses a prompt that differs from the one on file."""
+    path, note = tmp_path / "run.jsonl", "- Output 0 is kept with strides (1, 4)."
+    coder, judge = ScriptedProvider(CODER[:2]), ScriptedProvider(JUDGE[:1])
+    run_loop(PROBLEM, CPUEvaluator(), coder=coder, judge=judge, rounds=2, transcript=path,
+             notes=note)  # fmt: skip
+    assert all(note in _text(m) for m in coder.prompts + judge.prompts)
+    coder, judge = ScriptedProvider(CODER[2:]), ScriptedProvider(JUDGE[1:])
+    run_loop(PROBLEM, CPUEvaluator(), coder=coder, judge=judge, rounds=5, transcript=path)
+    assert len(coder.prompts + judge.prompts) == 3
+    assert all(note in _text(m) for m in coder.prompts + judge.prompts)

@@ -431,3 +431,30 @@ def test_kernels_kept_under_compile_are_checked_on_the_whole_compiled_model(monk
         for swap in installed:
             if swap.name == choice.name:
                 assert swap.under_compile == choice.under_compile
+
+
+def test_the_prompts_say_how_the_model_keeps_an_output():
+    """layout_notes: a channels_last chain's output is named with its strides and an allocation
+    that has exactly them (a kernel that writes there is not copied after each call); a
+    contiguous output needs no note."""
+    import ast
+    import re
+
+    from cudaforge.model.swapped_hotspot import layout_notes
+
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()).eval()
+    model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 8, 12, 12).to(memory_format=torch.channels_last)
+    chain = next(h for h in find_hotspots(model, (x,), min_share=0.0) if "ReLU" in h.label)
+    note = layout_notes(chain.sites[0])
+    assert note.startswith(
+        "- Output 0, float32[2, 16, 12, 12], is kept with strides (2304, 1, 192, 16)"
+    )
+    memory, back = re.search(
+        r"torch\.empty\((\([\d, ]+\)), \.\.\.\)\.permute(\([\d, ]+\))", note
+    ).groups()
+    made = torch.empty(ast.literal_eval(memory)).permute(*ast.literal_eval(back))
+    assert made.shape == model(x).shape and made.stride() == model(x).stride()
+    mlp, y = build(MLP, 8, 64)
+    flat = next(h for h in find_hotspots(mlp, (y,), min_share=0.0))
+    assert flat.sites[0].output_specs and layout_notes(flat.sites[0]) == ""

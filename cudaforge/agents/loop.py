@@ -155,6 +155,14 @@ class Attempt:
         )
 
 
+def in_model_text(notes: str) -> str:
+    """The prompts' {in_model}: the run's notes under a heading, or nothing."""
+    if not notes:
+        return ""
+    heading = "How the model uses this code's outputs (the harness does not time this):"
+    return f"\n{heading}\n{notes}\n"
+
+
 def _redacted(data: Any) -> Any:
     """`data` (JSON-able) with every API key replaced (see cudaforge.agents.providers.redact)."""
     return json.loads(redact(json.dumps(data, default=str)))
@@ -339,7 +347,8 @@ class _Run:
             lane.stopped = f"llm_error: {exc}"
 
     def _step(self, lane: _Lane, round_no: int) -> None:
-        common = {"problem": self.problem_source.strip("\n"), "gpu": self.config["gpu"]}
+        common = {"problem": self.problem_source.strip("\n"), "gpu": self.config["gpu"],
+                  "in_model": in_model_text(self.config["notes"])}  # fmt: skip
         history = "\n".join(lane.history) or "(none)"
         base = lane.current
         advice = ""
@@ -474,6 +483,7 @@ def run_loop(
     transcript: str | os.PathLike | None = None,
     prompts_dir: str | os.PathLike | None = None,
     name: str | None = None,
+    notes: str | None = None,
 ) -> LoopResult:
     """Have the Coder and the Judge write and improve `ModelNew` for one problem.
 
@@ -488,6 +498,9 @@ def run_loop(
     3 KB). The Coder's contract names the target of this machine's GPU, else $CUDAFORGE_ARCH or
     sm_90a (agents.target). A `file:` provider writes its files under DIR/<name>/. transcript: the JSONL path
     (default: default_transcript_path(name)). prompts_dir: folder of prompt overrides.
+    notes: what the model around the problem needs of ModelNew (optimize: the layout the model
+    keeps an output in), shown after the problem in every prompt; None: a resumed run's recorded
+    notes (none for a new run). A resumed run given notes uses them for the calls it makes now.
 
     Resume: when `transcript` holds an earlier run of this problem, the run continues it
     (agents.resume): recorded replies answer the calls with the same role and tag, recorded
@@ -526,10 +539,12 @@ def run_loop(
     if recorded is not None:  # the run goes on with what its prompts said (resume.py)
         gpu = recorded.start.get("gpu", gpu)
         target_text = recorded.start.get("target_text", target_text)
+        notes = recorded.notes if notes is None else notes
     config = {
         "name": name,
         "gpu": gpu.strip() or "(not given: assume a recent NVIDIA data-center GPU)",
         "feedback": feedback or measurements_text,
+        "notes": (notes or "").strip(),
         "max_dollars": max_dollars,
         "max_seconds": max_seconds,
     }
@@ -552,6 +567,7 @@ def run_loop(
             rounds=rounds,
             max_dollars=max_dollars,
             max_seconds=max_seconds,
+            notes=config["notes"],
         )
     else:
         log.write(
@@ -570,6 +586,7 @@ def run_loop(
             gpu=config["gpu"],
             target=target.arch,
             target_text=target_text,
+            notes=config["notes"],
         )
     lanes = [_Lane(i) for i in range(candidates)]
     round_no = 0

@@ -50,13 +50,14 @@ class RecordedRun:
 
     start: the first start record (problem, models, gpu text, target). replies: (role, tag) ->
     llm record. evaluations: candidate sha256 -> result dict. on_gpu: some recorded evaluation
-    ran on a GPU (its result names a CUDA device)."""
+    ran on a GPU (its result names a CUDA device). notes: the notes the run's prompts last had."""
 
     path: Path
     start: dict[str, Any]
     replies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
     on_gpu: bool = False
+    notes: str = ""  # the latest start or resume record's (run_loop's notes)
 
     def of_another_problem(self, problem_source: str) -> bool:
         """Whether this run was of a problem other than `problem_source` (a start record
@@ -75,6 +76,8 @@ class RecordedRun:
             return None
         run = cls(path, start)
         for record in records:
+            if record.get("kind") in ("start", "resume") and "notes" in record:
+                run.notes = record["notes"] or ""
             if record.get("kind") == "llm" and record.get("tag"):
                 run.replies.setdefault((record.get("role", ""), record["tag"]), record)
             elif record.get("kind") == "eval" and record.get("source") is not None:

@@ -53,6 +53,7 @@ from .store import KernelStore
 from .swap import restore, swap_in, swaps
 from .swap_compare import compare, model_in_fp32
 from .swap_errors import SwapError
+from .swapped_hotspot import layout_notes
 from .timing import model_device, split_inputs
 
 Evaluate = Callable[[str, str], EvalResult]
@@ -254,8 +255,10 @@ class _Run(EndToEnd):
             options["max_seconds"] = max(1.0, deadline - time.monotonic())
         try:
             loop = run_loop(
-                hotspot.problem_source, evaluate, transcript=transcript, name=name, **options
-            )
+                hotspot.problem_source, evaluate, transcript=transcript, name=name,
+                notes="" if hotspot.kind == bw.KIND else layout_notes(hotspot.sites[0]),
+                **options,
+            )  # fmt: skip
         except _Interrupted:
             outcome.candidates = counter["n"]
             return

@@ -492,6 +492,28 @@ def output_layout(spec) -> tuple[int, ...]:
     return tuple(torch.empty_like(meta).stride())
 
 
+def layout_notes(site) -> str:
+    """For the prompts (run_loop's notes): each output the model keeps in a layout other than
+    contiguous, and how to allocate it so; an output in another layout is copied into it after
+    every call (_laid_out), which the harness's timing of the problem does not show."""
+    lines = []
+    for i, spec in enumerate(site.output_specs):
+        shape, kept = tuple(spec.shape), output_layout(spec)
+        if kept == tuple(torch.empty(shape, device="meta").stride()):
+            continue
+        order = sorted(range(len(shape)), key=lambda d: -kept[d])  # outermost dimension first
+        memory = tuple(shape[d] for d in order)
+        back = tuple(order.index(d) for d in range(len(shape)))
+        dtype = str(spec.dtype).replace("torch.", "")
+        lines.append(
+            f"- Output {i}, {dtype}{list(shape)}, is kept with strides {kept}, as the "
+            f"reference's own output is. An output in another layout is copied into that one "
+            f"after every call in the model: allocate it as torch.empty({memory}, ...)"
+            f".permute{back} and write it in place."
+        )
+    return "\n".join(lines)
+
+
 def _capturing() -> bool:
     """True while a CUDA graph is being captured (a comparison would synchronize)."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
