@@ -593,6 +593,10 @@ def for_compile_run(name: str, args) -> dict:
         report["speedup_over_reduce_overhead"] = got["compile(cudaforge, reduce-overhead)"]
         print(f"== {name} --for-compile, over {ro} (95% interval): {said_speedups(got)}",
               flush=True)  # fmt: skip
+    report["python_kernel_calls_per_forward"] = calls_from_python(result.model, fns)
+    print(f"== {name} --for-compile, swapped calls that ran the kernel's Python per forward "
+          f"(0: replayed inside a CUDA graph): {report['python_kernel_calls_per_forward']}",
+          flush=True)  # fmt: skip
     report["gpu_and_host_ms"] = gpu_and_host(fns)
     print(f"== {name} --for-compile, GPU time with launches queued ahead / host time to issue, "
           f"ms: {report['gpu_and_host_ms']}", flush=True)  # fmt: skip
@@ -603,17 +607,37 @@ def for_compile_run(name: str, args) -> dict:
     return report
 
 
+def calls_from_python(optimized, fns: dict, forwards: int = 5) -> dict:
+    """Per variant of the optimized model: how many swapped calls ran the kernel's Python
+    forward per forward (SwapStats.kernel_calls); a CUDA graph's replay runs none."""
+    from cudaforge.model.swap import swaps
+
+    def count() -> int:
+        return sum(s.stats.kernel_calls for s in swaps(optimized))
+
+    found = {}
+    for variant, fn in fns.items():
+        if "cudaforge" not in variant:
+            continue
+        before = count()
+        for _ in range(forwards):
+            fn()
+        _sync()
+        found[variant] = (count() - before) / forwards
+    return found
+
+
 def _no_evaluation(problem_source, candidate_source):
     """The evaluator of loops started on the CPU: their first prompts need none."""
     raise RuntimeError("a candidate to evaluate: the next GPU run does it")
 
 
-def start_compile_loops(args, compile_notes: dict) -> list:
+def start_compile_loops(args) -> list:
     """On the CPU, the first prompts of --for-compile's hot spots (the attention calls of the
     model as torch.compile runs it), named and placed as the GPU run's optimize() names and
     places them, with the GPU's facts from the inference run's transcript of the same site and
-    the layout notes optimize() gives; a started loop's notes into compile_notes (path ->
-    notes) for render() to resume it with."""
+    the layout notes optimize() gives. A started loop is left to render(), which resumes it
+    with its recorded notes (a full-size search on this machine takes over 15 minutes)."""
     from cudaforge.agents.loop import run_loop
     from cudaforge.agents.resume import RecordedRun, transcript_for
     from cudaforge.model.compile_view import compiled_view
@@ -623,6 +647,8 @@ def start_compile_loops(args, compile_notes: dict) -> list:
     waiting = []
     for name in args.models or ("gpt2",):
         folder = Path(args.out) / name / "transcripts"
+        if folder.is_dir() and any(folder.glob("*.jsonl")):
+            continue  # started: render() resumes it with its recorded notes
         inference = Path(args.gpu_facts_from) if args.gpu_facts_from else None
         recorded = RecordedRun.read(inference) if inference else None
         gpu = recorded.start.get("gpu", "") if recorded is not None else ""
@@ -632,13 +658,9 @@ def start_compile_loops(args, compile_notes: dict) -> list:
                                   paths=["transformer.h.0.attn"], max_hotspots=1)  # fmt: skip
         for hotspot in found:
             run, transcript = transcript_for(folder, hotspot.name, hotspot.problem_source)
-            notes = layout_notes(hotspot.sites[0])  # as optimize() gives them
-            if transcript.exists():  # started: render() resumes it, with these notes
-                compile_notes[str(transcript)] = notes
-                continue
             loop = run_loop(hotspot.problem_source, _no_evaluation, coder=args.llm,
                             rounds=args.rounds, transcript=transcript, name=run, gpu=gpu,
-                            notes=notes)  # fmt: skip
+                            notes=layout_notes(hotspot.sites[0]))  # as optimize() gives them
             print(f"{name}/{transcript.stem}: {loop.stop_reason}", flush=True)
             waiting += loop.waiting_for
     return waiting
@@ -711,11 +733,7 @@ def render(args) -> int:
     def no_evaluation(problem_source, candidate_source):
         raise NeedsGpu  # a candidate to evaluate: the next GPU run does it
 
-    notes: dict = {}  # transcript -> its loop's notes; elsewhere the recorded ones
-    if args.for_compile:
-        waiting = start_compile_loops(args, notes)
-    else:
-        waiting = start_training_loops(args)
+    waiting = start_compile_loops(args) if args.for_compile else start_training_loops(args)
     for path in sorted(Path(args.out).glob("*/transcripts/*.jsonl")):
         recorded = RecordedRun.read(path)
         if recorded is None:
@@ -724,7 +742,6 @@ def render(args) -> int:
             loop = run_loop(
                 recorded.start["problem_source"], no_evaluation, coder=args.llm,
                 rounds=args.rounds, transcript=path, name=recorded.start["problem"],
-                notes=notes.get(str(path)),
             )  # fmt: skip
         except NeedsGpu:
             print(f"{path.parent.parent.name}/{path.stem}: needs_gpu (a new candidate)", flush=True)
