@@ -601,6 +601,9 @@ def for_compile_run(name: str, args) -> dict:
     print(f"== {name} --for-compile, GPU time with launches queued ahead / host time to issue, "
           f"ms: {report['gpu_and_host_ms']}", flush=True)  # fmt: skip
     if args.kernels:
+        for variant in [v for v in fns if "reduce-overhead" in v]:  # where its host time goes
+            print(f"== {name} --for-compile, {variant}: host functions by own time, 10 "
+                  f"forwards\n{host_profile(fns[variant], steps=10, top=12)}", flush=True)  # fmt: skip
         compiled = {v: fn for v, fn in fns.items() if v != "eager"}
         kernel_tables(compiled, report, f"== {name} --for-compile, %s: GPU ms per forward by "
                       "kernel", args.kernels)  # fmt: skip
@@ -609,11 +612,12 @@ def for_compile_run(name: str, args) -> dict:
 
 def calls_from_python(optimized, fns: dict, forwards: int = 5) -> dict:
     """Per variant of the optimized model: how many swapped calls ran the kernel's Python
-    forward per forward (SwapStats.kernel_calls); a CUDA graph's replay runs none."""
+    forward per forward (SwapStats: eager kernel calls and the custom ops' runs); a CUDA
+    graph's replay runs none."""
     from cudaforge.model.swap import swaps
 
     def count() -> int:
-        return sum(s.stats.kernel_calls for s in swaps(optimized))
+        return sum(s.stats.kernel_calls + s.stats.op_calls for s in swaps(optimized))
 
     found = {}
     for variant, fn in fns.items():

@@ -117,6 +117,7 @@ def test_for_compile_swaps_the_attention_call_that_torch_compile_makes(pool):
     with torch.no_grad():
         ops, compiled = ops_under_compile(result.model, **call)
     assert ops.count("cudaforge.hotspot_infer") == 2, ops  # no gradients: the lean op
+    assert [s.stats.op_calls for s in installed] == [1, 1]  # one compiled forward ran each
     assert not any("scaled_dot_product" in op for op in ops)
     torch.testing.assert_close(compiled.logits, expected, atol=1e-4, rtol=1e-4)
 

@@ -66,7 +66,13 @@ def _lookup(handle: int):
 @torch.library.custom_op("cudaforge::hotspot", mutates_args=())
 def hotspot(handle: int, inputs: list[Tensor], params: list[Tensor]) -> list[Tensor]:
     """Run swapped hot spot `handle`'s kernel on its inputs and parameters."""
-    return _lookup(handle).run_kernel(list(inputs), list(params))
+    return _run(handle, inputs, params)
+
+
+def _run(handle: int, inputs: list[Tensor], params: list[Tensor]) -> list[Tensor]:
+    swap = _lookup(handle)
+    swap.stats.op_calls += 1
+    return swap.run_kernel(list(inputs), list(params))
 
 
 @hotspot.register_fake
@@ -105,7 +111,7 @@ _inference_library.define("hotspot_infer(int handle, Tensor[] inputs, Tensor[] p
 
 
 def _hotspot_infer(handle: int, inputs: list[Tensor], params: list[Tensor]) -> list[Tensor]:
-    return _lookup(handle).run_kernel(list(inputs), list(params))
+    return _run(handle, inputs, params)
 
 
 _inference_library.impl("hotspot_infer", _hotspot_infer, "CompositeExplicitAutograd")

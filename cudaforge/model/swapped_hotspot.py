@@ -43,6 +43,7 @@ class SwapStats:
     """Counts since the swap. fallbacks: calls that ran the original; reason: the last why."""
 
     kernel_calls: int = 0
+    op_calls: int = 0  # runs of the custom ops' Python (torch.compile; none in a graph replay)
     fallbacks: int = 0
     grad_originals: int = 0  # calls autograd recorded, run as the original (no backward kernel)
     shadow_checks: int = 0
