@@ -890,3 +890,26 @@ def test_a_workers_comparison_warm_up_takes_the_equal_and_the_unequal_path(monke
     compare.warm_up_comparisons("cpu")
     dtypes = {torch.float32, torch.bfloat16, torch.float16}
     assert {(d, ok) for d in dtypes for ok in (True, False)} == set(seen)
+
+
+def test_large_checks_are_computed_one_at_a_time_and_never_ahead():
+    """The reference keeps two checks' inputs and outputs and computes the next one while the
+    candidate works; over `large_bytes` (a 16th of the GPU's memory on a GPU) it keeps one and
+    computes none ahead: ReLU at its own size ran out of the H200's memory that way."""
+    from cudaforge.harness.reference import ReferenceJudge
+
+    judge = ReferenceJudge(RELU, EvalOptions(trials=3), torch.device("cpu"))
+    judge.build()
+    assert judge.large_bytes is None  # no bound on the CPU
+    for i in range(3):
+        judge.expected("correctness", i)
+    assert len(judge._cache) == 2
+    assert judge.prefetch("timed_output", 0) and ("timed_output", 0) in judge._cache
+
+    judge.large_bytes = judge._entry_bytes(next(iter(judge._cache.values()))) - 1
+    first = judge.expected("correctness", 0)
+    assert list(judge._cache) == [("correctness", 0)]
+    assert not judge.prefetch("correctness", 1) and list(judge._cache) == [("correctness", 0)]
+    again = judge.expected("correctness", 1)
+    assert list(judge._cache) == [("correctness", 1)]
+    assert not torch.equal(first[2], again[2])  # each check its own inputs

@@ -91,6 +91,12 @@ class ReferenceJudge:
         self._cache32: dict[tuple, Any] = {}  # (phase, index) -> expected32(); the last two
         self.models32: dict[int, Any] = {}  # extra index (-1: main) -> the fp32 copy
         self.fp32_unavailable = ""  # why the reduced-precision rule could not be applied
+        # a check's inputs and outputs over this many bytes are computed one check at a time,
+        # never ahead: two cached and one prefetched of ReLU at its own size (6.4 GB a tensor)
+        # took 54 GB beside the candidate's process, and the next allocation failed on the H200
+        self.large_bytes: int | None = None
+        if torch.device(device).type == "cuda":
+            self.large_bytes = torch.cuda.get_device_properties(device).total_memory // 16
 
     def build(self) -> None:
         """The reference Model of the problem and of each extra size it can take (seeded like
@@ -131,6 +137,8 @@ class ReferenceJudge:
         if key in self._cache:
             return self._cache[key]
         problem, module, model = self._model_of(phase, index)
+        if self._large(next(reversed(self._cache.values()), None)):
+            self._cache.clear()  # large checks: the one before goes before this one is made
         seed = check_seed(self.opts, phase, index)
         base = problem.make_inputs(seed, self.device, module)
         inputs = [v.clone() if isinstance(v, self.torch.Tensor) else v for v in base]
@@ -164,11 +172,9 @@ class ReferenceJudge:
         three times over. False where it was not done (too large, or the reference failed)."""
         if (phase, index) in self._cache:
             return True
-        t = self.torch
         one = next(iter(self._cache.values()), None)  # a check's entry: about what one more takes
-        values = [] if one is None else [*one[0], *one[1], *leaves(one[2])]
-        size = sum(v.numel() * v.element_size() for v in values if isinstance(v, t.Tensor))
-        if free_bytes is not None and 3 * size > free_bytes:
+        size = self._entry_bytes(one)
+        if free_bytes is not None and 3 * size > free_bytes or self._large(one):
             return False
         try:
             self.expected(phase, index)
@@ -176,6 +182,14 @@ class ReferenceJudge:
         except Exception:  # noqa: BLE001 - judged (and said) when the check itself comes
             return False
         return True
+
+    def _entry_bytes(self, entry) -> int:
+        values = [] if entry is None else [*entry[0], *entry[1], *leaves(entry[2])]
+        t = self.torch
+        return sum(v.numel() * v.element_size() for v in values if isinstance(v, t.Tensor))
+
+    def _large(self, entry) -> bool:
+        return self.large_bytes is not None and self._entry_bytes(entry) > self.large_bytes
 
     def expected32(self, phase: str, index: int):
         """The reference's outputs from an fp32 run on check `index`'s inputs (its weights and
