@@ -85,6 +85,17 @@ def pool():
         yield workers
 
 
+class Recording:
+    """A worker pool that records the options of each evaluation."""
+
+    def __init__(self, pool):
+        self.pool, self.size, self.options = pool, 1, []
+
+    def evaluate(self, problem_source, candidate_source, **options):
+        self.options.append(options)
+        return self.pool.evaluate(problem_source, candidate_source, **options)
+
+
 def optimized(pool, for_compile):
     model, call = tiny_gpt2()
     result = cudaforge.optimize(
@@ -123,7 +134,12 @@ def test_for_compile_swaps_the_attention_call_that_torch_compile_makes(pool):
 
 
 def test_without_for_compile_the_site_is_the_eager_call_that_compile_never_makes(pool):
-    model, call, result, hotspot = optimized(pool, for_compile=False)
+    recording = Recording(pool)
+    model, call, result, hotspot = optimized(recording, for_compile=False)
+    # SDPA's output is a (B, H, L, D) view of (B, L, H, D) memory: candidates are timed with
+    # their output laid out so (harness.layouts), and the prompts say it
+    assert recording.options and all(o["output_orders"] == ((0, 2, 1, 3),)
+                                     for o in recording.options)  # fmt: skip
     assert "is_causal = True" in hotspot.problem_source and "tril" not in hotspot.problem_source
     assert not any(s.compile_only for s in swaps(result.model))
     with torch.no_grad():

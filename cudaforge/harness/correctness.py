@@ -12,6 +12,7 @@ import types
 from .compare import aliases, leaves, overlap
 from .evaluation import Evaluation, cloned, one_line, refill, tensor_bytes
 from .guards import CORRECTNESS_GUARDS, _fingerprint, kernel_names_in
+from .layouts import copy_note, in_orders
 from .options import reduced_precision_bound, tolerance_of
 from .problem import _seeded
 from .reference import ReferenceJudge, check_seed
@@ -75,7 +76,7 @@ class CorrectnessPhases(Evaluation):
             self.fail_from_exception(e, where="init")
         if not callable(candidate):
             self.stop("load_error", "ModelNew(...) built an object that cannot be called")
-        self.candidate = candidate
+        self.candidate = self.in_callers_layout(candidate)
         self.model_new = model_new
         r.compiled = True
         self.own_names = self.hooks.kernel_names() | kernel_names_in(self.source)
@@ -87,6 +88,21 @@ class CorrectnessPhases(Evaluation):
         self.check_settings("loading the candidate")
         self.check_l2()
         self.on_phase("loaded")
+
+    def in_callers_layout(self, candidate):
+        """The candidate as its caller runs it: with output_orders, its outputs copied into
+        the caller's layouts where they are in others (harness.layouts)."""
+        orders = self.opts.output_orders
+        if not orders:
+            return candidate
+        said: set[int] = set()
+
+        def on_copy(i: int, have: tuple, want: tuple) -> None:
+            if i not in said:
+                said.add(i)
+                self.result.notes.append(copy_note(i, have, want))
+
+        return in_orders(candidate, orders, on_copy)
 
     # ------------------------------------------------------------------ correctness
 
@@ -115,7 +131,7 @@ class CorrectnessPhases(Evaluation):
             except Exception as e:  # noqa: BLE001
                 self.fail_from_exception(e, where="init")
             self.trial(opts.trials + j, opts.seed + 50_000 + j, problem, module, reference,
-                       candidate, f" with sizes {sizes}")  # fmt: skip
+                       self.in_callers_layout(candidate), f" with sizes {sizes}")  # fmt: skip
         r.correct = True
         r.tolerances = self.tolerances_used
         why = getattr(self.judge, "fp32_unavailable", "")

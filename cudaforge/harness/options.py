@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .guards import GUARDS
+from .layouts import check_orders
 
 # atol and rtol by dtype name. fp32 and fp16 are KernelBench's current values. fp64 is held to
 # 1e-6: fp64 carries ~16 digits, and 1e-4 would pass a kernel that quietly computes in fp32.
@@ -94,6 +95,10 @@ class EvalOptions:
     profile: bool | str = False  # True: cudaforge.profile.profile_forward; or "module:function"
     ignore_guards: tuple[str, ...] = ()  # still checked and reported, but they do not reject
     extra_sizes: tuple[dict, ...] = ()  # more correctness trials, one per set of size overrides
+    # per output, the dimensions (outermost first) of the memory the caller keeps it in, or
+    # None: an output in another layout is copied into that one in the timed forward, as the
+    # model would copy it (harness.layouts; optimize gives the model's layouts)
+    output_orders: tuple[tuple[int, ...] | None, ...] | None = None
     timeout: float = 60.0  # s, for the runs after loading (enforced by the worker pool)
     compile_timeout: float = 300.0  # s, for loading and compiling the candidate
 
@@ -179,6 +184,8 @@ def make_options(
         raise ValueError("ref_error_floor_ulps must be >= 0")
     if "extra_sizes" in more:
         more["extra_sizes"] = tuple(dict(s) for s in more["extra_sizes"])
+    if "output_orders" in more:
+        more["output_orders"] = check_orders(more["output_orders"])
     if "ignore_guards" in more:
         bad = [g for g in more["ignore_guards"] if g not in GUARDS]
         if bad:
@@ -241,4 +248,5 @@ def options_from_dict(data: dict[str, Any]) -> EvalOptions:
     data = dict(data)
     data["extra_sizes"] = tuple(dict(s) for s in data.get("extra_sizes", ()))
     data["ignore_guards"] = tuple(data.get("ignore_guards", ()))
+    data["output_orders"] = check_orders(data.get("output_orders"))
     return EvalOptions(**data)

@@ -53,7 +53,7 @@ from .store import KernelStore
 from .swap import restore, swap_in, swaps
 from .swap_compare import compare, model_in_fp32
 from .swap_errors import SwapError
-from .swapped_hotspot import layout_notes
+from .swapped_hotspot import layout_notes, output_orders
 from .timing import model_device, split_inputs
 
 Evaluate = Callable[[str, str], EvalResult]
@@ -149,10 +149,14 @@ class _Run(EndToEnd):
 
     # ------------------------------------------------------------ evaluation in workers
 
-    def evaluate(self, problem_source: str, candidate_source: str) -> EvalResult:
+    def evaluate(self, problem_source: str, candidate_source: str, hotspot=None) -> EvalResult:
+        """The candidate checked and timed in a worker; for a forward hot spot, with its
+        outputs in the model's layouts (EvalOptions.output_orders)."""
         if self._evaluate is not None:
             return self._evaluate(problem_source, candidate_source)
         options = dict(self.eval_options)
+        if hotspot is not None and hotspot.kind != bw.KIND:
+            options.setdefault("output_orders", output_orders(hotspot.sites[0]))
         options.setdefault("profile", self.profile)
         if self.device.type != "cuda":
             options.setdefault("device", "cpu")
@@ -207,7 +211,7 @@ class _Run(EndToEnd):
         for kernel in stored:
             if self.stop.is_set():
                 return False
-            result = self.evaluate(hotspot.problem_source, kernel.source)
+            result = self.evaluate(hotspot.problem_source, kernel.source, hotspot)
             outcome.candidates += 1
             if self.faster(result):
                 self.note(hotspot, kernel.source, result, "store")
@@ -238,7 +242,7 @@ class _Run(EndToEnd):
         def evaluate(problem_source: str, candidate_source: str) -> EvalResult:
             if self.stop.is_set():
                 raise _Interrupted
-            result = self.evaluate(problem_source, candidate_source)
+            result = self.evaluate(problem_source, candidate_source, hotspot)
             counter["n"] += 1
             outcome.last_result = _one_line(result)
             if self.faster(result):
@@ -285,7 +289,7 @@ class _Run(EndToEnd):
             found = self.found.get(hotspot.name)
         if found is not None and found.source == best.source:
             return  # evaluated in this run
-        result = self.evaluate(hotspot.problem_source, best.source)
+        result = self.evaluate(hotspot.problem_source, best.source, hotspot)
         counter["n"] += 1
         self.outcomes[hotspot.name].candidates = counter["n"]
         again = f"{result.speedup:.2f}x" if result.ok and result.speedup else result.status

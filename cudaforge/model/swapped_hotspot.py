@@ -493,24 +493,35 @@ def output_layout(spec) -> tuple[int, ...]:
     return tuple(torch.empty_like(meta).stride())
 
 
+def output_orders(site) -> tuple | None:
+    """Per output of the site, the dimensions (outermost first) of the memory the model keeps
+    it in where that is not contiguous, else None; None when every output is contiguous. The
+    harness's EvalOptions.output_orders: a kernel's output in another layout is copied after
+    every call (_laid_out), and the timed forward then includes that copy."""
+    orders = []
+    for spec in site.output_specs:
+        shape, kept = tuple(spec.shape), output_layout(spec)
+        order = tuple(sorted(range(len(shape)), key=lambda d: -kept[d]))
+        orders.append(None if order == tuple(range(len(shape))) else order)
+    return tuple(orders) if any(o is not None for o in orders) else None
+
+
 def layout_notes(site) -> str:
     """For the prompts (run_loop's notes): each output the model keeps in a layout other than
-    contiguous, and how to allocate it so; an output in another layout is copied into it after
-    every call (_laid_out), which the harness's timing of the problem does not show."""
+    contiguous (output_orders), and how to allocate it so."""
     lines = []
-    for i, spec in enumerate(site.output_specs):
-        shape, kept = tuple(spec.shape), output_layout(spec)
-        if kept == tuple(torch.empty(shape, device="meta").stride()):
+    for i, (spec, order) in enumerate(zip(site.output_specs, output_orders(site) or ())):
+        if order is None:
             continue
-        order = sorted(range(len(shape)), key=lambda d: -kept[d])  # outermost dimension first
+        shape = tuple(spec.shape)
         memory = tuple(shape[d] for d in order)
         back = tuple(order.index(d) for d in range(len(shape)))
         dtype = str(spec.dtype).replace("torch.", "")
         lines.append(
-            f"- Output {i}, {dtype}{list(shape)}, is kept with strides {kept}, as the "
-            f"reference's own output is. An output in another layout is copied into that one "
-            f"after every call in the model: allocate it as torch.empty({memory}, ...)"
-            f".permute{back} and write it in place."
+            f"- Output {i}, {dtype}{list(shape)}, is kept with strides {output_layout(spec)}, as "
+            f"the reference's own output is. An output in another layout is copied into that one "
+            f"after every call in the model (the harness times that copy as part of the call): "
+            f"allocate it as torch.empty({memory}, ...).permute{back} and write it in place."
         )
     return "\n".join(lines)
 

@@ -102,7 +102,16 @@ def _timing_lines(result: Any) -> list[str]:
             f"; torch.compile {_time(compiled_ms)}, speedup "
             f"{_speedup(getattr(result, 'speedup_vs_compile', None))}"
         )
-    return [line, *_host_lines(result, timing)]
+    return [line, *_host_lines(result, timing), *_layout_lines(result)]
+
+
+# in the harness's note of an output copied into the caller's layout (harness.layouts)
+LAYOUT_COPY_MARK = "the caller keeps it with strides"
+
+
+def _layout_lines(result: Any) -> list[str]:
+    """The harness's notes of outputs copied into the caller's layout."""
+    return [str(n) for n in getattr(result, "notes", None) or [] if LAYOUT_COPY_MARK in str(n)]
 
 
 def _host_lines(result: Any, timing: dict) -> list[str]:
