@@ -899,17 +899,25 @@ def test_large_checks_are_computed_one_at_a_time_and_never_ahead():
     from cudaforge.harness.reference import ReferenceJudge
 
     judge = ReferenceJudge(RELU, EvalOptions(trials=3), torch.device("cpu"))
-    judge.build()
-    assert judge.large_bytes is None  # no bound on the CPU
-    for i in range(3):
-        judge.expected("correctness", i)
-    assert len(judge._cache) == 2
-    assert judge.prefetch("timed_output", 0) and ("timed_output", 0) in judge._cache
+    # as in the reference process: its settings (grad mode off among them) inside no_grad()
+    with torch.no_grad():
+        try:
+            judge.build()
+            assert judge.large_bytes is None  # no bound on the CPU
+            for i in range(3):
+                judge.expected("correctness", i)
+            assert len(judge._cache) == 2
+            assert judge.prefetch("timed_output", 0) and ("timed_output", 0) in judge._cache
 
-    judge.large_bytes = judge._entry_bytes(next(iter(judge._cache.values()))) - 1
-    first = judge.expected("correctness", 0)
-    assert list(judge._cache) == [("correctness", 0)]
-    assert not judge.prefetch("correctness", 1) and list(judge._cache) == [("correctness", 0)]
-    again = judge.expected("correctness", 1)
-    assert list(judge._cache) == [("correctness", 1)]
-    assert not torch.equal(first[2], again[2])  # each check its own inputs
+            judge.large_bytes = judge._entry_bytes(next(iter(judge._cache.values()))) - 1
+            first = judge.expected("correctness", 0)
+            assert list(judge._cache) == [("correctness", 0)]
+            assert not judge.prefetch("correctness", 1) and list(judge._cache) == [
+                ("correctness", 0)
+            ]
+            again = judge.expected("correctness", 1)
+            assert list(judge._cache) == [("correctness", 1)]
+            assert not torch.equal(first[2], again[2])  # each check its own inputs
+        finally:
+            judge.settings.restore()
+    assert torch.is_grad_enabled()
