@@ -60,10 +60,12 @@ def test_another_model_or_input_shape_is_searched_whole(tmp_path, monkeypatch):
     store = KernelStore(tmp_path / "k.sqlite3")
     search(model, (x,), store=store, use_remembered=True, min_share=0.05)
     calls = spy(monkeypatch)
-    search(model, (x[:1],), store=store, use_remembered=True, min_share=0.05)  # other inputs
+    # min_share 0: which paths are searched is the point, and at batch 1 on a busy CPU no
+    # module's timed share need reach 5% (seen once in CI)
+    search(model, (x[:1],), store=store, use_remembered=True, min_share=0.0)  # other inputs
     wider = nn.Sequential(Block(), Block(), Block()).eval()
     assert model_key(wider, (x,)) != model_key(model, (x,))
-    search(wider, (x,), store=store, use_remembered=True, min_share=0.05)
+    search(wider, (x,), store=store, use_remembered=True, min_share=0.0)
     assert [c["paths"] for c in calls] == [None, None]
 
 
