@@ -159,7 +159,7 @@ def in_model_text(notes: str) -> str:
     """The prompts' {in_model}: the run's notes under a heading, or nothing."""
     if not notes:
         return ""
-    heading = "How the model uses this code's outputs (the harness does not time this):"
+    heading = "How the model uses this code's outputs:"
     return f"\n{heading}\n{notes}\n"
 
 
