@@ -95,11 +95,10 @@ class CorrectnessPhases(Evaluation):
         orders = self.opts.output_orders
         if not orders:
             return candidate
-        said: set[int] = set()
 
         def on_copy(i: int, have: tuple, want: tuple) -> None:
-            if i not in said:
-                said.add(i)
+            if i not in self.copied_outputs:  # once per output, the extra sizes' calls too
+                self.copied_outputs.add(i)
                 self.result.notes.append(copy_note(i, have, want))
 
         return in_orders(candidate, orders, on_copy)

@@ -66,6 +66,7 @@ class Evaluation:
         self.settings = None
         self.fingerprint = None
         self.fired: dict[str, str] = {}
+        self.copied_outputs: set[int] = set()  # outputs noted as copied to the caller's layout
         self.passed: list[str] = []
         self.skipped: dict[str, str] = {}
         self.own_names: set[str] = set()

@@ -137,7 +137,7 @@ class ReferenceJudge:
         if key in self._cache:
             return self._cache[key]
         problem, module, model = self._model_of(phase, index)
-        if self._large(next(reversed(self._cache.values()), None)):
+        if self._large(self._entry_bytes(next(reversed(self._cache.values()), None))):
             self._cache.clear()  # large checks: the one before goes before this one is made
         seed = check_seed(self.opts, phase, index)
         base = problem.make_inputs(seed, self.device, module)
@@ -174,7 +174,7 @@ class ReferenceJudge:
             return True
         one = next(iter(self._cache.values()), None)  # a check's entry: about what one more takes
         size = self._entry_bytes(one)
-        if free_bytes is not None and 3 * size > free_bytes or self._large(one):
+        if free_bytes is not None and 3 * size > free_bytes or self._large(size):
             return False
         try:
             self.expected(phase, index)
@@ -188,8 +188,8 @@ class ReferenceJudge:
         t = self.torch
         return sum(v.numel() * v.element_size() for v in values if isinstance(v, t.Tensor))
 
-    def _large(self, entry) -> bool:
-        return self.large_bytes is not None and self._entry_bytes(entry) > self.large_bytes
+    def _large(self, size: int) -> bool:
+        return self.large_bytes is not None and size > self.large_bytes
 
     def expected32(self, phase: str, index: int):
         """The reference's outputs from an fp32 run on check `index`'s inputs (its weights and
