@@ -241,6 +241,8 @@ def run_model(name: str, args) -> dict:
         return report
     optimized = result.model
     fns = {"eager": forward_of(model, inputs), "cudaforge": forward_of(optimized, inputs)}
+    if args.site_graphs and device == "cuda":
+        fns["cudaforge, site graphs"] = with_site_graphs(optimized, fns["cudaforge"])
     if args.host_after and device == "cuda":
         report["host_after_optimize"] = host_after_optimize(fns["eager"])
     compiled = {}
@@ -253,6 +255,9 @@ def run_model(name: str, args) -> dict:
         compiled["compile"] = forward_of(torch.compile(model), inputs)
         compiled["compile(cudaforge)"] = forward_of(torch.compile(optimized), inputs)
         compiled["compile(cudaforge, chosen)"] = forward_of(torch.compile(chosen), inputs)
+        if args.site_graphs:
+            compiled["compile(cudaforge, site graphs)"] = with_site_graphs(
+                optimized, compiled["compile(cudaforge)"])  # fmt: skip
         if args.graphs:  # Inductor's CUDA graphs, its answer to a host-paced forward
             ro = "reduce-overhead"
             compiled[f"compile({ro})"] = forward_of(torch.compile(model, mode=ro), inputs)
@@ -275,6 +280,8 @@ def run_model(name: str, args) -> dict:
         report["gpu_and_host_ms"] = gpu_and_host({**fns, **compiled})
         print(f"== {name} GPU time with launches queued ahead / host time to issue, ms: "
               f"{report['gpu_and_host_ms']}", flush=True)  # fmt: skip
+    if args.site_graphs and device == "cuda":
+        report["site_graphs"] = said_site_graphs(name, optimized, fns["cudaforge, site graphs"])
     del compiled
     if args.keep_all and device == "cuda":
         report["every_kernel"] = every_kernel(name, device, store, inputs, fns["eager"], args)
@@ -567,6 +574,9 @@ def for_compile_run(name: str, args) -> dict:
         "compile": forward_of(torch.compile(model), call),
         "compile(cudaforge)": forward_of(torch.compile(result.model), call),
     }
+    if args.site_graphs:  # the same compiled model, its swapped calls replayed from graphs
+        fns["compile(cudaforge, site graphs)"] = with_site_graphs(result.model,
+                                                                 fns["compile(cudaforge)"])  # fmt: skip
     if args.graphs:  # Inductor's CUDA graphs: no host time per call on either side
         ro = "reduce-overhead"
         fns[f"compile({ro})"] = forward_of(torch.compile(model, mode=ro), call)
@@ -600,6 +610,9 @@ def for_compile_run(name: str, args) -> dict:
     report["gpu_and_host_ms"] = gpu_and_host(fns)
     print(f"== {name} --for-compile, GPU time with launches queued ahead / host time to issue, "
           f"ms: {report['gpu_and_host_ms']}", flush=True)  # fmt: skip
+    if args.site_graphs:
+        report["site_graphs"] = said_site_graphs(f"{name} --for-compile", result.model,
+                                                 fns["compile(cudaforge, site graphs)"])  # fmt: skip
     if args.kernels:
         for variant in [v for v in fns if "reduce-overhead" in v]:  # where its host time goes
             print(f"== {name} --for-compile, {variant}: host functions by own time, 10 "
@@ -608,6 +621,42 @@ def for_compile_run(name: str, args) -> dict:
         kernel_tables(compiled, report, f"== {name} --for-compile, %s: GPU ms per forward by "
                       "kernel", args.kernels)  # fmt: skip
     return report
+
+
+def with_site_graphs(model, fn):
+    """fn with `model`'s swapped sites replaying CUDA graphs (cudaforge.site_graphs) during its
+    calls only: the other variants of the same model, timed interleaved with it, run without."""
+    from cudaforge.model.swap import swaps
+
+    found = swaps(model)
+    for swap in found:
+        swap.use_graphs(True)
+    graphs = [swap.graphs for swap in found]
+    for swap in found:
+        swap.graphs = None
+
+    def call():
+        for swap, own in zip(found, graphs):
+            swap.graphs = own
+        try:
+            return fn()
+        finally:
+            for swap in found:
+                swap.graphs = None
+
+    call.site_graphs = graphs
+    return call
+
+
+def said_site_graphs(title: str, model, fn) -> list:
+    """Each swapped site's graph counts in with_site_graphs' `fn` (replays, captures, calls
+    while its outputs were held, why off), printed."""
+    from cudaforge.model.swap import swaps
+
+    found = [{"site": swap.site.path, **own.to_dict()}
+             for swap, own in zip(swaps(model), fn.site_graphs)]  # fmt: skip
+    print(f"== {title}, site graphs: {found}", flush=True)
+    return found
 
 
 def calls_from_python(optimized, fns: dict, forwards: int = 5) -> dict:
@@ -785,6 +834,9 @@ def main(argv=None) -> int:
                         help="also time eager and cudaforge replayed as CUDA graphs "
                         "(cudaforge.graphed), and torch.compile's reduce-overhead mode")  # fmt: skip
     parser.add_argument("--no-training", action="store_true")
+    parser.add_argument("--site-graphs", action="store_true",
+                        help="also time the optimized model with its swapped calls replayed from "
+                        "CUDA graphs (cudaforge.site_graphs), eagerly and under compile")  # fmt: skip
     parser.add_argument("--no-load", action="store_true", help="skip timing load() of a copy")
     parser.add_argument("--host-after", action="store_true",
                         help="eager's host time right after optimize, later, and with the pool "

@@ -35,6 +35,7 @@ _LAZY = {
     "load": "model.optimize.load",
     "optimize": "model.optimize.optimize",
     "restore": "model.swap.restore",
+    "site_graphs": "model.swap.site_graphs",
 }
 
 
@@ -71,5 +72,6 @@ __all__ = [
     "optimize",
     "profile",
     "restore",
+    "site_graphs",
     "synchronize",
 ]

@@ -41,23 +41,31 @@ class CapturedForward:
 
 def capture_forward(torch, model, inputs: list, device, warmup: int = WARMUP_CALLS):
     """`model(*inputs)` captured in a CUDA graph on static copies of `inputs`. Raises what the
-    warm-up or the capture raised. The capture is begun and ended directly, on a side stream,
-    rather than with torch.cuda.graph(), which also collects Python garbage and empties the
-    allocator's cache first (tens of ms per capture, twice per evaluation)."""
+    warm-up or the capture raised."""
     static = cloned(inputs)
+    graph, output = capture_call(torch, lambda: model(*static), device, warmup)
+    return CapturedForward(graph, static, output)
+
+
+def capture_call(torch, call, device, warmup: int = WARMUP_CALLS):
+    """(graph, output) of `call()` captured in a CUDA graph as it stands: its replays read the
+    tensors the call reads, where they are. Raises what the warm-up or the capture raised. The
+    capture is begun and ended directly, on a side stream, rather than with torch.cuda.graph(),
+    which also collects Python garbage and empties the allocator's cache first (tens of ms per
+    capture, twice per evaluation)."""
     current = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     side.wait_stream(current)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
         for _ in range(warmup):
-            out = model(*static)
+            out = call()
             del out
         side.synchronize()
         graph.capture_begin(capture_error_mode="thread_local")
         try:
             try:
-                output = model(*static)
+                output = call()
             finally:
                 graph.capture_end()  # raises when a call in the forward invalidated the capture
         except BaseException:
@@ -65,7 +73,7 @@ def capture_forward(torch, model, inputs: list, device, warmup: int = WARMUP_CAL
             raise
     current.wait_stream(side)
     torch.cuda.synchronize(device)
-    return CapturedForward(graph, static, output)
+    return graph, output
 
 
 def warm_capture(torch, device) -> None:
@@ -208,4 +216,11 @@ def _first_cause(e: BaseException) -> str:
     return said if first is e else f"{said} (then {type(e).__name__}: {one_line(e, 120)})"
 
 
-__all__ = ["CapturedForward", "GraphTiming", "capture_forward", "copied_output", "warm_capture"]
+__all__ = [
+    "CapturedForward",
+    "GraphTiming",
+    "capture_call",
+    "capture_forward",
+    "copied_output",
+    "warm_capture",
+]

@@ -111,7 +111,9 @@ _inference_library.define("hotspot_infer(int handle, Tensor[] inputs, Tensor[] p
 
 
 def _hotspot_infer(handle: int, inputs: list[Tensor], params: list[Tensor]) -> list[Tensor]:
-    return _run(handle, inputs, params)
+    swap = _lookup(handle)
+    swap.stats.op_calls += 1
+    return swap.run_inference(list(inputs), list(params))
 
 
 _inference_library.impl("hotspot_infer", _hotspot_infer, "CompositeExplicitAutograd")

@@ -95,8 +95,23 @@ def stats(model: nn.Module) -> dict[str, dict[str, Any]]:
             **swap.stats.to_dict(),
             "enabled": swap.enabled,
             "off_reason": swap.off_reason,
+            "graphs": swap.graphs.to_dict() if swap.graphs is not None else None,
         }
     return found
+
+
+def site_graphs(model: nn.Module, on: bool = True, *, limit: int | None = None,
+                sightings: int | None = None) -> int:  # fmt: skip
+    """Replay each swapped site's inference calls from CUDA graphs (on), or stop and free their
+    memory (off); returns how many swapped sites there are. A call is replayed once the same
+    tensors (addresses, shapes, strides, dtypes) came `sightings` times (default 3), at most
+    `limit` graphs per site (default 4); calls while the last replay's outputs are still held,
+    calls that autograd records and calls inside another capture run as usual
+    (cudaforge.model.site_graphs). `stats(model)[name]["graphs"]` counts the replays."""
+    found = swaps(model)
+    for swap in found:
+        swap.use_graphs(on, limit=limit, sightings=sightings)
+    return len(found)
 
 
 def restore(model: nn.Module) -> nn.Module:
@@ -114,6 +129,7 @@ __all__ = [
     "SwapError",
     "compare",
     "restore",
+    "site_graphs",
     "stats",
     "swap_in",
     "swaps",

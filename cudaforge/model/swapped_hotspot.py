@@ -32,6 +32,7 @@ from .codegen import TensorSpec, device_index
 from .compile_view import in_compiled_view
 from .hotspot_op import EagerHotspot, bypassed, bypassing, recompute_gradients, register
 from .owner_forward import OwnerForward, forward_code, forward_signature
+from .site_graphs import LIMIT, SIGHTINGS, SiteGraphs
 from .sites import Site, rebuild_output
 from .swap_compare import compare, original_in_fp32
 from .swap_errors import DriftWarning, FallbackWarning, SwapError
@@ -159,6 +160,7 @@ class SwappedHotspot:
         self.owner_forward: OwnerForward | None = None  # chain
         self._fast_ready: bool | None = None  # prepared at the first call
         self._output_strides: list[tuple[int, ...]] | None = None  # _laid_out's, at first use
+        self.graphs: SiteGraphs | None = None  # use_graphs(): inference calls from CUDA graphs
         self.handle = register(self)
 
     @property
@@ -177,13 +179,16 @@ class SwappedHotspot:
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            if key == "candidate":
+            if key in ("candidate", "graphs"):
                 continue
             setattr(new, key, copy.deepcopy(value, memo))
         # a candidate may hold compiled kernels that do not copy: it is rebuilt on the copy's
         # tensors at its first call (the copied model is not complete yet here)
         new.candidate = None
         new._fast_ready = None
+        new.graphs = None  # graphs hold this model's memory: the copy captures its own
+        if self.graphs is not None:
+            new.use_graphs(limit=self.graphs.limit, sightings=self.graphs.sightings)
         new.handle = register(new)
         return new
 
@@ -300,6 +305,9 @@ class SwappedHotspot:
         return any(t.requires_grad for t in inputs) or any(t.requires_grad for t in self.bound)
 
     def _fast_run(self, inputs, args, kwargs):
+        if self.graphs is not None:
+            outputs = self.graphs(list(inputs), self.bound)
+            return self._counted(list(inputs), self.bound, outputs, args, kwargs)
         if self.candidate is None:
             self.run_kernel(list(inputs), self.bound)  # builds it (a deep copy's first call)
         output = self.candidate(*inputs)
@@ -388,6 +396,31 @@ class SwappedHotspot:
             output = torch.func.functional_call(candidate, swapped, tuple(inputs), strict=False)
         return self._laid_out([output] if isinstance(output, Tensor) else list(output))
 
+    def run_inference(self, inputs: list[Tensor], tensors: list[Tensor]) -> list[Tensor]:
+        """run_kernel for a call that autograd does not record: replayed from a CUDA graph
+        where use_graphs() is on and the call's tensors were captured (cudaforge.model.
+        site_graphs)."""
+        if self.graphs is not None:
+            return self.graphs(inputs, tensors)
+        return self.run_kernel(inputs, tensors)
+
+    def use_graphs(self, on: bool = True, *, limit: int | None = None,
+                   sightings: int | None = None) -> None:  # fmt: skip
+        """Inference calls replayed from CUDA graphs (on), or not (off: their memory is freed).
+        limit: graphs at most; sightings: calls with the same tensors before one is captured."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+        if on:
+            self.graphs = SiteGraphs(
+                self.run_kernel, self._replay_problem,
+                limit=LIMIT if limit is None else limit,
+                sightings=SIGHTINGS if sightings is None else sightings,
+            )  # fmt: skip
+
+    def _replay_problem(self, actual: list[Tensor], expected: list[Tensor]) -> str:
+        return compare(actual, expected, self.tolerance)[1]
+
     def _laid_out(self, outputs: list[Tensor]) -> list[Tensor]:
         """Each output in the memory layout of the original's (output_layout): a channels_last
         output stays channels_last. Forcing every output contiguous copied a ResNet chain's
@@ -472,6 +505,8 @@ class SwappedHotspot:
         object.__setattr__(module, "forward", self)
 
     def uninstall(self) -> None:
+        if self.graphs is not None:
+            self.graphs.release()
         site = self.site
         if site.kind == "chain":
             if self.owner_forward is not None:

@@ -1,0 +1,218 @@
+"""site_graphs(model) on the CPU: which calls are captured, replayed or run as usual, and that an
+output a caller still holds is never overwritten. CUDA graphs need a GPU, so here a stand-in
+graph (test fixture) replays by running the captured call again and copying its results into
+the outputs it made at capture, as a graph writes into its own memory; the address key skips
+its CUDA-only check. tests/test_site_graphs_gpu.py runs the real ones."""
+
+from __future__ import annotations
+
+import copy
+from typing import ClassVar
+
+import pytest
+import torch
+from test_hotspots import MLP, build
+from test_swap import LINEAR_GELU
+
+from cudaforge.model import site_graphs as sg
+from cudaforge.model.hotspots import find_hotspots
+from cudaforge.model.swap import site_graphs, stats, swap_in, swaps
+
+
+class StandInGraph:
+    """A captured call (test fixture): replay() runs it again into the outputs of the capture."""
+
+    made: ClassVar[list[StandInGraph]] = []
+
+    def __init__(self, call, outputs, shift=0.0):
+        self.call, self.outputs, self.shift = call, outputs, shift
+        self.replays, self.was_reset = 0, False
+        StandInGraph.made.append(self)
+
+    def replay(self):
+        self.replays += 1
+        for mine, fresh in zip(self.outputs, self.call()):
+            mine.copy_(fresh + self.shift)
+
+    def reset(self):
+        self.was_reset = True
+
+
+def cpu_key(tensors):
+    return tuple((t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors)
+
+
+@pytest.fixture()
+def graphs(monkeypatch):
+    """Stand-in captures; shift: what each replay adds (a replay that differs from its call);
+    fail: what a capture raises."""
+    settings = {"shift": 0.0, "fail": None}
+
+    def capture_call(torch_, call, device, warmup=1):
+        if settings["fail"] is not None:
+            raise settings["fail"]
+        for _ in range(warmup):
+            call()
+        graph = StandInGraph(call, call(), settings["shift"])
+        return graph, graph.outputs
+
+    StandInGraph.made = []
+    monkeypatch.setattr(sg, "capture_call", capture_call)
+    monkeypatch.setattr(sg, "address_key", cpu_key)
+    monkeypatch.setattr(sg, "capturing", lambda: False)
+    return settings
+
+
+def swapped_mlp():
+    torch.manual_seed(0)
+    model, x = build(MLP, 8, 64)
+    search = find_hotspots(model, (x,), min_share=0.0)
+    chain = next(h for h in search if h.label == "Linear -> GELU")
+    swap = swap_in(chain.sites[0], LINEAR_GELU, chain.problem_source, name="chain")
+    return model, x, swap
+
+
+def expected_of(model, x):
+    with torch.no_grad():
+        return model.fc2(model.act(model.fc1(x)))
+
+
+def test_the_same_tensors_are_captured_at_their_third_call_and_then_replayed(graphs):
+    model, x, swap = swapped_mlp()
+    assert site_graphs(model) == 1
+    with torch.no_grad():
+        outs = [model(x) for _ in range(5)]
+    for out in outs:
+        torch.testing.assert_close(out, expected_of(model, x))
+    (graph,) = StandInGraph.made
+    assert swap.graphs.captures == 1 and swap.graphs.replays == 2  # calls 4 and 5
+    assert graph.replays == 3  # the capture's check, then calls 4 and 5
+    assert stats(model)["chain"]["graphs"] == {"graphs": 1, "replays": 2, "captures": 1,
+                                               "held": 0, "off_reason": ""}  # fmt: skip
+    assert stats(model)["chain"]["kernel_calls"] == 5  # replays are kernel calls too
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))  # new values at the same address: the graph reads them
+        torch.testing.assert_close(model(x), expected_of(model, x))
+    assert swap.graphs.replays == 3
+
+
+def test_an_output_still_held_is_never_overwritten(graphs):
+    model, x, swap = swapped_mlp()
+    site_graphs(model)
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        site_out = swap(x)  # a replay's output, held by this test
+        kept = site_out.clone()
+        assert swap.graphs.replays == 1
+        x.copy_(torch.randn_like(x))
+        again = swap(x)  # the graph would write into site_out's memory: runs as usual
+        assert swap.graphs.held == 1 and swap.graphs.replays == 1
+        torch.testing.assert_close(site_out, kept)
+        torch.testing.assert_close(again, model.act(model.fc1(x)))
+        view = site_out.t()  # a view holds the memory as well
+        del site_out, again
+        swap(x)
+        assert swap.graphs.held == 2
+        del view
+        swap(x)
+    assert swap.graphs.replays == 2 and swap.graphs.held == 2
+
+
+def test_other_tensors_wait_for_their_own_sightings_up_to_the_limit(graphs):
+    model, x, swap = swapped_mlp()
+    site_graphs(model, limit=2, sightings=2)
+    inputs = [x.clone() for _ in range(3)]
+    with torch.no_grad():
+        for t in inputs + inputs + inputs:
+            torch.testing.assert_close(model(t), expected_of(model, t))
+    assert swap.graphs.captures == 2 and len(swap.graphs.graphs) == 2  # the third: no room
+    assert swap.graphs.replays == 2  # the first two inputs' third calls
+
+
+def test_calls_inside_another_capture_or_under_autograd_run_as_usual(graphs, monkeypatch):
+    model, x, swap = swapped_mlp()
+    site_graphs(model)
+    monkeypatch.setattr(sg, "capturing", lambda: True)
+    with torch.no_grad():
+        for _ in range(4):
+            model(x)
+    assert swap.graphs.captures == 0 and not StandInGraph.made
+    monkeypatch.setattr(sg, "capturing", lambda: False)
+    xg = x.clone().requires_grad_()
+    for _ in range(4):
+        model(xg).sum().backward()  # recorded by autograd: never from a graph
+    assert swap.graphs.captures == 0 and swap.graphs.seen == {}
+
+
+def test_a_replay_that_differs_or_a_failed_capture_turns_graphs_off(graphs):
+    model, x, swap = swapped_mlp()
+    site_graphs(model)
+    graphs["shift"] = 0.25
+    with torch.no_grad():
+        outs = [model(x) for _ in range(5)]
+    for out in outs:
+        torch.testing.assert_close(out, expected_of(model, x))
+    assert "its replay differs from the call it was captured from" in swap.graphs.off_reason
+    assert swap.graphs.graphs == {} and StandInGraph.made[0].was_reset
+    model, x, swap = swapped_mlp()
+    site_graphs(model)
+    graphs["fail"] = RuntimeError("operation not permitted when stream is capturing")
+    with torch.no_grad():
+        outs = [model(x) for _ in range(5)]
+    for out in outs:
+        torch.testing.assert_close(out, expected_of(model, x))
+    assert swap.graphs.off_reason == ("its call cannot be captured in a CUDA graph: RuntimeError: "
+                                      "operation not permitted when stream is capturing")  # fmt: skip
+
+
+def test_the_inference_op_replays_and_off_frees_the_graphs(graphs):
+    model, x, swap = swapped_mlp()
+    site_graphs(model)
+    with torch.no_grad():
+        for _ in range(4):
+            (out,) = torch.ops.cudaforge.hotspot_infer(swap.handle, [x], swap.bound)
+            torch.testing.assert_close(out, model.act(model.fc1(x)))
+    assert swap.graphs.replays == 1 and swap.stats.op_calls == 4
+    twin = copy.deepcopy(model)
+    (copied,) = swaps(twin)
+    assert copied.graphs is not None and copied.graphs.graphs == {}  # its own, none yet
+    assert copied.graphs.limit == swap.graphs.limit
+    site_graphs(model, False)
+    assert swap.graphs is None and StandInGraph.made[0].was_reset
+    assert stats(model)["chain"]["graphs"] is None
+
+
+def test_tensors_off_the_gpu_are_never_captured():
+    model, x, swap = swapped_mlp()
+    site_graphs(model)
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(model(x), expected_of(model, x))
+    assert swap.graphs.captures == 0 and swap.graphs.seen == {}
+
+
+def test_the_benchmark_variant_has_graphs_only_during_its_own_calls(graphs):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import models_optimize
+
+    model, x, swap = swapped_mlp()
+    during = []
+
+    def forward():
+        during.append(swap.graphs)
+        with torch.no_grad():
+            return model(x)
+
+    variant = models_optimize.with_site_graphs(model, forward)
+    assert swap.graphs is None
+    for _ in range(4):
+        torch.testing.assert_close(variant(), expected_of(model, x))
+    assert swap.graphs is None and forward() is not None and during[-1] is None
+    assert all(g is variant.site_graphs[0] for g in during[:4])
+    (said,) = models_optimize.said_site_graphs("mlp", model, variant)
+    assert said == {"site": swap.site.path, "graphs": 1, "replays": 1, "captures": 1,
+                    "held": 0, "off_reason": ""}  # fmt: skip

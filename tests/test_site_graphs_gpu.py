@@ -1,0 +1,93 @@
+"""site_graphs(model) with real CUDA graphs and NVRTC kernels (the HAND-WRITTEN FIXTURE kernels of
+test_optimize_gpu: GELU and LayerNorm) swapped into a transformer block: eager calls and
+torch.compile's default mode replay them and give the block's outputs; an output still held is
+not overwritten; while torch.compile's reduce-overhead mode or cudaforge.graphed captures the
+forward, no site graph is captured or replayed inside it, and their replays are right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_optimize_gpu import GELU, LAYER_NORM, build_block
+
+import cudaforge
+from cudaforge.model.hotspots import find_hotspots
+from cudaforge.model.swap import site_graphs, swap_in, swaps
+
+pytestmark = pytest.mark.gpu
+
+
+def swapped_block():
+    model, x = build_block()
+    with torch.no_grad():
+        expected = model(x)
+    for hotspot in find_hotspots(model, (x,), min_share=0.0):
+        if "NewGELU" in hotspot.problem_source:
+            source = GELU
+        elif "(module): LayerNorm" in hotspot.problem_source:
+            source = LAYER_NORM
+        else:
+            continue
+        for site in hotspot.sites:
+            swap_in(site, source, hotspot.problem_source, timed=False)
+    assert len(swaps(model)) == 3  # ln_1, ln_2, the GELU
+    return model, x, expected
+
+
+def replays(model) -> int:
+    return sum(s.graphs.replays for s in swaps(model))
+
+
+def test_eager_calls_replay_and_a_held_output_is_kept():
+    model, x, expected = swapped_block()
+    assert site_graphs(model) == 3
+    with torch.no_grad():
+        for _ in range(5):
+            torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
+    assert replays(model) == 3 * 2, [s.graphs.to_dict() for s in swaps(model)]
+    assert all(s.graphs.off_reason == "" for s in swaps(model))
+    norm = next(s for s in swaps(model) if s.site.path == "ln_1")
+    with torch.no_grad():
+        held = norm(x)  # a replay's output
+        kept = held.clone()
+        x2 = x + 1.0
+        other = norm(x2)  # another address: runs as usual
+        x.add_(1.0)  # x now holds x2's values, at the address the graph reads
+        again = norm(x)  # held is still held: runs as usual, writes elsewhere
+        torch.cuda.synchronize()
+    torch.testing.assert_close(held, kept)
+    torch.testing.assert_close(again, other)
+    assert norm.graphs.held == 1
+    del held
+    with torch.no_grad():
+        torch.testing.assert_close(norm(x), other)  # replayed on the new values
+    assert norm.graphs.replays == 4
+    site_graphs(model, False)
+    assert all(s.graphs is None for s in swaps(model))
+
+
+def test_torch_compile_default_mode_replays_them():
+    model, x, expected = swapped_block()
+    site_graphs(model)
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        for _ in range(6):
+            torch.testing.assert_close(compiled(x), expected, rtol=1e-4, atol=1e-4)
+    assert replays(model) > 0, [s.graphs.to_dict() for s in swaps(model)]
+
+
+def test_no_site_graph_inside_a_graph_that_captures_the_forward():
+    model, x, expected = swapped_block()
+    site_graphs(model, sightings=2)  # graphed's warm-up call is one sighting, its capture none
+    replayed = cudaforge.graphed(model, (x.clone(),), warmup=1)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(replayed(x), expected, rtol=1e-4, atol=1e-4)
+    assert replayed.replays == 3
+    assert all(s.graphs.captures == 0 for s in swaps(model))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x).clone(), expected, rtol=1e-4, atol=1e-4)
+    assert all(s.graphs.off_reason == "" for s in swaps(model))
