@@ -78,7 +78,7 @@ class _Graph:
         return any(use_count(o) > n for o, n in zip(self.outputs, self.idle))
 
     def hand_out(self) -> list[Tensor]:
-        return [o.view(o.shape) for o in self.outputs]
+        return [o.detach() for o in self.outputs]  # new tensors on the same memory (cheapest)
 
 
 @dataclass
