@@ -88,7 +88,8 @@ def test_the_same_tensors_are_captured_at_their_third_call_and_then_replayed(gra
     assert swap.graphs.captures == 1 and swap.graphs.replays == 2  # calls 4 and 5
     assert graph.replays == 3  # the capture's check, then calls 4 and 5
     assert stats(model)["chain"]["graphs"] == {"graphs": 1, "replays": 2, "captures": 1,
-                                               "held": 0, "off_reason": ""}  # fmt: skip
+                                               "held": 0, "output_bytes": 8 * 256 * 4,
+                                               "off_reason": ""}  # fmt: skip
     assert stats(model)["chain"]["kernel_calls"] == 5  # replays are kernel calls too
     with torch.no_grad():
         x.copy_(torch.randn_like(x))  # new values at the same address: the graph reads them
@@ -215,4 +216,4 @@ def test_the_benchmark_variant_has_graphs_only_during_its_own_calls(graphs):
     assert all(g is variant.site_graphs[0] for g in during[:4])
     (said,) = models_optimize.said_site_graphs("mlp", model, variant)
     assert said == {"site": swap.site.path, "graphs": 1, "replays": 1, "captures": 1,
-                    "held": 0, "off_reason": ""}  # fmt: skip
+                    "held": 0, "output_bytes": 8 * 256 * 4, "off_reason": ""}  # fmt: skip

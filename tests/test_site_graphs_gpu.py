@@ -46,6 +46,8 @@ def test_eager_calls_replay_and_a_held_output_is_kept():
             torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
     assert replays(model) == 3 * 2, [s.graphs.to_dict() for s in swaps(model)]
     assert all(s.graphs.off_reason == "" for s in swaps(model))
+    # each keeps its output: (8, 128, 256) float32 for the norms, (8, 128, 1024) for the GELU
+    assert sorted(s.graphs.output_bytes() for s in swaps(model)) == [2**20, 2**20, 2**22]
     norm = next(s for s in swaps(model) if s.site.path == "ln_1")
     with torch.no_grad():
         held = norm(x)  # a replay's output

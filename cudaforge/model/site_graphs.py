@@ -158,9 +158,14 @@ class SiteGraphs:
         self.graphs.clear()
         self.seen.clear()
 
+    def output_bytes(self) -> int:
+        """Bytes of the graphs' outputs: memory they keep (their temporaries come on top)."""
+        return sum(o.untyped_storage().nbytes() for g in self.graphs.values() for o in g.outputs)
+
     def to_dict(self) -> dict[str, Any]:
         return {"graphs": len(self.graphs), "replays": self.replays, "captures": self.captures,
-                "held": self.held, "off_reason": self.off_reason}  # fmt: skip
+                "held": self.held, "output_bytes": self.output_bytes(),
+                "off_reason": self.off_reason}  # fmt: skip
 
 
 __all__ = ["LIMIT", "SIGHTINGS", "SiteGraphs", "address_key", "capturing", "use_count"]
