@@ -7,7 +7,8 @@ model's forward or training step is paced by the host, that time is what decides
 a torch stand-in kernel (the problem's own Model, so kernel time is the same on both sides):
 - inference: the model's forward, original against swapped, and the candidate called directly;
   one kernel call through the custom op and through `hotspot_infer` (what torch.compile's
-  graph calls, with and without gradients) against without;
+  graph calls, with and without gradients) against without; the Python of a call replayed from
+  a site graph (`site_graphs`; an empty stand-in graph, since the CPU has no CUDA graphs);
 - training: forward + backward of the model, through EagerHotspot against through the custom op,
   both with a backward kernel (the stand-in's own autograd).
 
@@ -51,6 +52,38 @@ def per_call_us(fn, calls: int) -> float:
     return sorted(blocks)[2]
 
 
+class _EmptyGraph:
+    """A stand-in for a captured CUDA graph (none on the CPU): replay() does nothing."""
+
+    def replay(self):
+        pass
+
+    def reset(self):
+        pass
+
+
+def replay_path_us(swap, x, calls: int) -> float:
+    """us per call of a site graph's replay path (cudaforge.model.site_graphs) on the CPU: what
+    a replay costs in Python, with an empty stand-in graph and the CUDA-only checks skipped."""
+    from cudaforge.model import site_graphs as sg
+
+    saved = sg.capture_call, sg.address_key, sg.capturing
+    sg.capture_call = lambda torch_, call, device, warmup=1: (_EmptyGraph(), call())
+    sg.address_key = lambda tensors: tuple((t.data_ptr(), t.shape, t.stride(), t.dtype)
+                                           for t in tensors)  # fmt: skip
+    sg.capturing = lambda: False
+    try:
+        swap.use_graphs(True)
+        for _ in range(sg.SIGHTINGS + 1):
+            swap.graphs([x], swap.bound)
+        if swap.graphs.replays != 1:
+            raise SystemExit(f"the stand-in graph was not replayed: {swap.graphs.to_dict()}")
+        return per_call_us(lambda: swap.graphs([x], swap.bound), calls)
+    finally:
+        swap.use_graphs(False)
+        sg.capture_call, sg.address_key, sg.capturing = saved
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
@@ -78,6 +111,9 @@ def main() -> int:
         print(f"inference, us per kernel call: through the custom op {op:.1f} ({op - direct:+.1f})"
               f", through hotspot_infer {lean:.1f} ({lean - direct:+.1f}), run_kernel directly "
               f"{direct:.1f}")  # fmt: skip
+        print(f"inference, us per kernel call: a site graph's replay path {replay_path_us(swap, x, args.calls):.1f}"
+              " (its Python: the address key, the held check, the outputs handed out; a stand-in"
+              f" graph whose replay is empty), the usual call {direct:.1f}")  # fmt: skip
     xg = x.clone().requires_grad_()
 
     def step(m):

@@ -7,6 +7,8 @@ its CUDA-only check. tests/test_site_graphs_gpu.py runs the real ones."""
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -193,11 +195,11 @@ def test_tensors_off_the_gpu_are_never_captured():
     assert swap.graphs.captures == 0 and swap.graphs.seen == {}
 
 
-def test_the_benchmark_variant_has_graphs_only_during_its_own_calls(graphs):
-    import sys
-    from pathlib import Path
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+def test_the_benchmark_variant_has_graphs_only_during_its_own_calls(graphs):
+    sys.path.insert(0, str(BENCHMARKS))
     import models_optimize
 
     model, x, swap = swapped_mlp()
@@ -217,3 +219,13 @@ def test_the_benchmark_variant_has_graphs_only_during_its_own_calls(graphs):
     (said,) = models_optimize.said_site_graphs("mlp", model, variant)
     assert said == {"site": swap.site.path, "graphs": 1, "replays": 1, "captures": 1,
                     "held": 0, "output_bytes": 8 * 256 * 4, "off_reason": ""}  # fmt: skip
+
+
+def test_the_overhead_benchmark_times_a_replay_and_puts_everything_back():
+    sys.path.insert(0, str(BENCHMARKS))
+    import swap_overhead
+
+    _, x, swap = swapped_mlp()
+    saved = sg.capture_call, sg.address_key, sg.capturing
+    assert swap_overhead.replay_path_us(swap, x, 20) > 0
+    assert (sg.capture_call, sg.address_key, sg.capturing) == saved and swap.graphs is None
