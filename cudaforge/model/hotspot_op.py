@@ -70,9 +70,14 @@ def hotspot(handle: int, inputs: list[Tensor], params: list[Tensor]) -> list[Ten
 
 
 def _run(handle: int, inputs: list[Tensor], params: list[Tensor]) -> list[Tensor]:
+    return _called(handle).run_kernel(list(inputs), list(params))
+
+
+def _called(handle: int):
+    """The swap of `handle`, its op call counted (SwapStats.op_calls)."""
     swap = _lookup(handle)
     swap.stats.op_calls += 1
-    return swap.run_kernel(list(inputs), list(params))
+    return swap
 
 
 @hotspot.register_fake
@@ -111,9 +116,7 @@ _inference_library.define("hotspot_infer(int handle, Tensor[] inputs, Tensor[] p
 
 
 def _hotspot_infer(handle: int, inputs: list[Tensor], params: list[Tensor]) -> list[Tensor]:
-    swap = _lookup(handle)
-    swap.stats.op_calls += 1
-    return swap.run_inference(list(inputs), list(params))
+    return _called(handle).run_inference(list(inputs), list(params))
 
 
 _inference_library.impl("hotspot_infer", _hotspot_infer, "CompositeExplicitAutograd")

@@ -55,7 +55,8 @@ def address_key(tensors: list[Tensor]) -> tuple | None:
 
 def capturing() -> bool:
     """True while the current stream is capturing a CUDA graph (another capture holds this call:
-    torch.compile's reduce-overhead mode, cudaforge.graphed)."""
+    torch.compile's reduce-overhead mode, cudaforge.graphed). Needs a CUDA build of torch: the
+    caller checks first (here: a CUDA tensor)."""
     return torch.cuda.is_current_stream_capturing()
 
 
@@ -71,7 +72,7 @@ class _Graph:
 
     graph: Any
     outputs: list[Tensor]
-    idle: list[int] = field(default_factory=list)
+    idle: list[int]
 
     def held(self) -> bool:
         """True while a caller still holds a view of the last outputs handed out."""
@@ -142,9 +143,7 @@ class SiteGraphs:
             self.stop(f"its replay differs from the call it was captured from: {problem}")
             return
         outputs = list(outputs)
-        captured = _Graph(graph, outputs)
-        captured.idle = [use_count(o) for o in outputs]
-        self.graphs[key] = captured
+        self.graphs[key] = _Graph(graph, outputs, [use_count(o) for o in outputs])
         self.captures += 1
 
     def stop(self, reason: str) -> None:

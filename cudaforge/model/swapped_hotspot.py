@@ -32,7 +32,7 @@ from .codegen import TensorSpec, device_index
 from .compile_view import in_compiled_view
 from .hotspot_op import EagerHotspot, bypassed, bypassing, recompute_gradients, register
 from .owner_forward import OwnerForward, forward_code, forward_signature
-from .site_graphs import LIMIT, SIGHTINGS, SiteGraphs
+from .site_graphs import LIMIT, SIGHTINGS, SiteGraphs, capturing
 from .sites import Site, rebuild_output
 from .swap_compare import compare, original_in_fp32
 from .swap_errors import DriftWarning, FallbackWarning, SwapError
@@ -563,7 +563,7 @@ def layout_notes(site) -> str:
 
 def _capturing() -> bool:
     """True while a CUDA graph is being captured (a comparison would synchronize)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_available() and capturing()
 
 
 def _plain(tensors: Sequence[Tensor]) -> bool:
