@@ -229,3 +229,16 @@ def test_the_overhead_benchmark_times_a_replay_and_puts_everything_back():
     saved = sg.capture_call, sg.address_key, sg.capturing
     assert swap_overhead.replay_path_us(swap, x, 20) > 0
     assert (sg.capture_call, sg.address_key, sg.capturing) == saved and swap.graphs is None
+
+
+def test_a_limit_or_sightings_below_one_is_refused_and_changes_nothing():
+    model, _, swap = swapped_mlp()
+    for bad in ({"limit": 0}, {"sightings": 0}, {"limit": 2.5}):
+        with pytest.raises(ValueError, match="must be a whole number >= 1"):
+            site_graphs(model, **bad)
+        assert swap.graphs is None
+    site_graphs(model, limit=2)
+    before = swap.graphs
+    with pytest.raises(ValueError, match="sightings must be a whole number >= 1, got -1"):
+        site_graphs(model, sightings=-1)
+    assert swap.graphs is before and before.limit == 2

@@ -407,7 +407,11 @@ class SwappedHotspot:
     def use_graphs(self, on: bool = True, *, limit: int | None = None,
                    sightings: int | None = None) -> None:  # fmt: skip
         """Inference calls replayed from CUDA graphs (on), or not (off: their memory is freed).
-        limit: graphs at most; sightings: calls with the same tensors before one is captured."""
+        limit: graphs at most; sightings: calls with the same tensors before one is captured
+        (ValueError unless both are at least 1)."""
+        for name, value in (("limit", limit), ("sightings", sightings)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"site graphs: {name} must be a whole number >= 1, got {value!r}")
         if self.graphs is not None:
             self.graphs.release()
             self.graphs = None
