@@ -72,6 +72,8 @@ def time_side_by_side(fns: dict, reps: int = 30, warmup: int = 3, samples_out=No
     for fn in fns.values():
         for _ in range(warmup):
             fn()
+        if hasattr(fn, "settle"):  # site graphs: until every site's addresses settled
+            fn.settle()
     _sync()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
@@ -644,7 +646,23 @@ def with_site_graphs(model, fn):
             for swap in found:
                 swap.graphs = None
 
+    def settle(most: int = 200) -> int:
+        """Forwards until no site captured a graph for twice its sightings in a row (sites
+        in a row settle one after another: cudaforge.model.site_graphs); how many it took."""
+        quiet = 2 * max((g.sightings for g in graphs), default=1)
+        calm = 0
+        for done in range(1, most + 1):
+            before = sum(g.captures for g in graphs)
+            call()
+            calm = calm + 1 if sum(g.captures for g in graphs) == before else 0
+            if calm >= quiet:
+                break
+        call.settled_in = done
+        return done
+
     call.site_graphs = graphs
+    call.settle = settle
+    call.settled_in = None
     return call
 
 
@@ -655,7 +673,7 @@ def said_site_graphs(title: str, model, fn) -> list:
 
     found = [{"site": swap.site.path, **own.to_dict()}
              for swap, own in zip(swaps(model), fn.site_graphs)]  # fmt: skip
-    print(f"== {title}, site graphs: {found}", flush=True)
+    print(f"== {title}, site graphs (settled in {fn.settled_in} forwards): {found}", flush=True)
     return found
 
 

@@ -90,8 +90,9 @@ def test_the_same_tensors_are_captured_at_their_third_call_and_then_replayed(gra
     assert swap.graphs.captures == 1 and swap.graphs.replays == 2  # calls 4 and 5
     assert graph.replays == 3  # the capture's check, then calls 4 and 5
     assert stats(model)["chain"]["graphs"] == {"graphs": 1, "replays": 2, "captures": 1,
-                                               "held": 0, "output_bytes": 8 * 256 * 4,
-                                               "off_reason": ""}  # fmt: skip
+                                               "held": 0, "dropped": 0, "unused": 0,
+                                               "output_bytes": 8 * 256 * 4, "off_reason": "",
+                                               "full": ""}  # fmt: skip
     assert stats(model)["chain"]["kernel_calls"] == 5  # replays are kernel calls too
     with torch.no_grad():
         x.copy_(torch.randn_like(x))  # new values at the same address: the graph reads them
@@ -122,15 +123,83 @@ def test_an_output_still_held_is_never_overwritten(graphs):
     assert swap.graphs.replays == 2 and swap.graphs.held == 2
 
 
-def test_other_tensors_wait_for_their_own_sightings_up_to_the_limit(graphs):
+def test_other_tensors_wait_for_their_own_sightings_and_take_the_oldest_place(graphs):
     model, x, swap = swapped_mlp()
     site_graphs(model, limit=2, sightings=2)
-    inputs = [x.clone() for _ in range(3)]
+    a, b, c = (x.clone() for _ in range(3))
     with torch.no_grad():
-        for t in inputs + inputs + inputs:
+        for t in (a, b, c, a, b, c, a, b):
             torch.testing.assert_close(model(t), expected_of(model, t))
-    assert swap.graphs.captures == 2 and len(swap.graphs.graphs) == 2  # the third: no room
-    assert swap.graphs.replays == 2  # the first two inputs' third calls
+    made = StandInGraph.made
+    # second calls: a and b captured, then c in the place of a (neither replayed yet, a older)
+    assert swap.graphs.captures == 3 and made[0].was_reset and not made[1].was_reset
+    assert swap.graphs.replays == 1 and swap.graphs.dropped == 1 and swap.graphs.unused == 1
+    with torch.no_grad():
+        for t in (c, c, a):  # a's second sighting: b, replayed longer ago than c, makes room
+            torch.testing.assert_close(model(t), expected_of(model, t))
+    assert made[1].was_reset and not made[2].was_reset and swap.graphs.replays == 3
+    assert swap.graphs.dropped == 2 and swap.graphs.unused == 1  # b had been replayed
+    assert len(swap.graphs.graphs) == 2
+
+
+def test_sites_in_a_row_settle_one_after_another(graphs):
+    """Five sites in a row, each one's input landing elsewhere once the sites before it replay
+    (as the allocator hands out addresses when a replay stops asking it for outputs): every
+    site replays after sightings x 5 forwards, each captured once per site before it, and the
+    graphs never replayed made room first."""
+    # where a site's input lies, by how many sites before it replayed in this forward
+    spots = [torch.randn(4) for _ in range(6)]
+    sites = [sg.SiteGraphs(lambda inputs, tensors: [inputs[0] * 2.0], lambda a, e: "")
+             for _ in range(5)]  # fmt: skip
+    settled = None
+    for forward in range(1, 30):
+        replaying = 0
+        for site in sites:
+            before = site.replays
+            x = spots[replaying]
+            (out,) = site([x], [])
+            torch.testing.assert_close(out, x * 2.0)
+            replaying += site.replays > before
+            del out
+        if replaying == 5 and settled is None:
+            settled = forward
+    assert settled == 3 * 5 + 1, [s.to_dict() for s in sites]
+    assert [s.captures for s in sites] == [1, 2, 3, 4, 5]
+    assert [len(s.graphs) for s in sites] == [1, 2, 3, 4, 4]  # at most LIMIT
+    assert [s.unused for s in sites] == [0, 0, 0, 0, 1] and sites[4].full == ""
+    assert all(s.replays == 29 - 3 * k - 3 for k, s in enumerate(sites))
+
+
+def test_graphs_still_held_are_not_dropped(graphs):
+    site = sg.SiteGraphs(lambda inputs, tensors: [inputs[0] + 1.0], lambda a, e: "", limit=1,
+                         sightings=1)  # fmt: skip
+    a, b = torch.zeros(3), torch.ones(3)
+    site([a], [])  # captured
+    (held,) = site([a], [])  # replayed; held here
+    (out,) = site([b], [])  # b's turn: the only graph is held, so no room
+    torch.testing.assert_close(out, b + 1.0)
+    assert site.captures == 1 and site.dropped == 0 and list(site.graphs) == [cpu_key([a])]
+    del held
+    site([b], [])  # tried again at its next call
+    assert site.captures == 2 and site.dropped == 1 and list(site.graphs) == [cpu_key([b])]
+
+
+def test_a_site_whose_addresses_keep_moving_stops_capturing(graphs, monkeypatch):
+    monkeypatch.setattr(sg, "MAX_UNUSED", 5)
+    site = sg.SiteGraphs(lambda inputs, tensors: [inputs[0] * 3.0], lambda a, e: "", limit=2,
+                         sightings=1)  # fmt: skip
+    fresh = [torch.randn(2) for _ in range(12)]  # a new address every call
+    for x in fresh:
+        (out,) = site([x], [])
+        torch.testing.assert_close(out, x * 3.0)
+    # 2 captures fill it, 4 more each drop one never replayed, the fifth such drop is refused
+    assert site.captures == 6 and site.unused == 4 and site.dropped == 4
+    assert site.full == ("5 of its graphs were never replayed: its tensors' addresses keep "
+                         "moving; no more are captured")  # fmt: skip
+    last = fresh[5]
+    (out,) = site([last], [])  # the graphs it has still replay
+    assert site.replays == 1 and site.off_reason == ""
+    torch.testing.assert_close(out, last * 3.0)
 
 
 def test_calls_inside_another_capture_or_under_autograd_run_as_usual(graphs, monkeypatch):
@@ -216,9 +285,31 @@ def test_the_benchmark_variant_has_graphs_only_during_its_own_calls(graphs):
         torch.testing.assert_close(variant(), expected_of(model, x))
     assert swap.graphs is None and forward() is not None and during[-1] is None
     assert all(g is variant.site_graphs[0] for g in during[:4])
+    # captured at the third call: settled once six more pass without a capture
+    assert variant.settle() == 6 and variant.settled_in == 6
     (said,) = models_optimize.said_site_graphs("mlp", model, variant)
-    assert said == {"site": swap.site.path, "graphs": 1, "replays": 1, "captures": 1,
-                    "held": 0, "output_bytes": 8 * 256 * 4, "off_reason": ""}  # fmt: skip
+    assert said == {"site": swap.site.path, "graphs": 1, "replays": 7, "captures": 1,
+                    "held": 0, "dropped": 0, "unused": 0, "output_bytes": 8 * 256 * 4,
+                    "off_reason": "", "full": ""}  # fmt: skip
+
+
+def test_the_benchmark_settles_site_graphs_before_it_times_them(graphs):
+    sys.path.insert(0, str(BENCHMARKS))
+    import models_optimize
+
+    model, x, _ = swapped_mlp()
+
+    def forward():
+        with torch.no_grad():
+            return model(x)
+
+    variant = models_optimize.with_site_graphs(model, forward)
+    medians = models_optimize.time_side_by_side({"plain": forward, "graphs": variant}, reps=2,
+                                                warmup=1)  # fmt: skip
+    # call 1 warms up; settle: calls 2 and 3 (captured), then 4 to 9 without a capture; the
+    # timed calls 10 and 11 replay too
+    assert set(medians) == {"plain", "graphs"} and variant.settled_in == 8
+    assert variant.site_graphs[0].replays == 8
 
 
 def test_the_overhead_benchmark_times_a_replay_and_puts_everything_back():

@@ -69,6 +69,23 @@ def test_eager_calls_replay_and_a_held_output_is_kept():
     assert all(s.graphs is None for s in swaps(model))
 
 
+def test_every_site_of_the_block_replays_once_their_addresses_settle():
+    """ln_1, the GELU and ln_2 in a row: each one's activations move once the ones before it
+    replay, so they settle one after another (cudaforge.model.site_graphs), within sightings x 3
+    forwards and a few more for the allocator."""
+    model, x, expected = swapped_block()
+    site_graphs(model)
+    with torch.no_grad():
+        for _ in range(20):
+            torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
+        before = replays(model)
+        for _ in range(3):
+            torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
+    found = [s.graphs.to_dict() for s in swaps(model)]
+    assert replays(model) - before == 3 * 3, found
+    assert all(g["off_reason"] == "" and g["full"] == "" and g["graphs"] <= 4 for g in found)
+
+
 def test_torch_compile_default_mode_replays_them():
     model, x, expected = swapped_block()
     site_graphs(model)

@@ -13,7 +13,16 @@ forward that allocates its activations in the same order, as a compiled or eager
 call to call, hands the same addresses each time). A set of addresses seen `sightings` times is
 captured: the call runs as usual, the same call is captured on a side stream and replayed once,
 and the replay's outputs must equal that call's (the swap's comparison) or graphs are off for the
-site. At most `limit` graphs per site.
+site. At most `limit` graphs per site: a new one takes the place of the one replayed longest ago.
+
+Where several sites follow one another, their addresses settle one site at a time. A site that
+starts replaying stops asking the allocator for its outputs, so the tensors made after it land
+elsewhere and the sites after it see new addresses: each waits for its own sightings again, and
+the graphs captured on the old addresses are never replayed. In a model with N swapped sites in
+a row all of them replay after about `sightings` x N forwards, and a site captures up to N
+graphs on the way (the unused ones are the first to make room). A site whose graphs went unused
+`MAX_UNUSED` times captures no more (its addresses keep moving): its calls run as usual, its
+graphs so far stay.
 
 A graph writes its outputs into memory of its own, and the next replay writes there again. So a
 replay hands out new views of those outputs, and a call while any view of the last ones is still
@@ -40,6 +49,7 @@ from ..harness.graphs import capture_call
 
 LIMIT = 4  # graphs per site
 SIGHTINGS = 3  # a set of addresses is captured at its third call (warm-up passes call once)
+MAX_UNUSED = 32  # graphs dropped without a replay, after which a site captures no more
 
 
 def address_key(tensors: list[Tensor]) -> tuple | None:
@@ -73,6 +83,7 @@ class _Graph:
     graph: Any
     outputs: list[Tensor]
     idle: list[int]
+    used: int = 0  # the site's call count at its last replay (0: never replayed)
 
     def held(self) -> bool:
         """True while a caller still holds a view of the last outputs handed out."""
@@ -87,7 +98,9 @@ class SiteGraphs:
     """The graphs of one swapped site. `run(inputs, tensors)` is its usual call (the kernel and
     the layout of its outputs); `compare(actual, expected)` -> problem or "" judges a first
     replay. Counts: replays, captures, held (calls that ran as usual because the last outputs
-    were still held); `off_reason` says why graphs stopped, if they did."""
+    were still held), dropped (graphs that made room for a newer one), unused (of those, the ones
+    never replayed); `off_reason` says why graphs stopped, if they did, `full` why no more are
+    captured."""
 
     run: Callable[[list[Tensor], list[Tensor]], list[Tensor]]
     compare: Callable[[list[Tensor], list[Tensor]], str]
@@ -98,7 +111,11 @@ class SiteGraphs:
     replays: int = 0
     captures: int = 0
     held: int = 0
+    dropped: int = 0
+    unused: int = 0
+    calls: int = 0
     off_reason: str = ""
+    full: str = ""
 
     def __call__(self, inputs: list[Tensor], tensors: list[Tensor]) -> list[Tensor]:
         key = None if self.off_reason else address_key(inputs + tensors)
@@ -112,20 +129,42 @@ class SiteGraphs:
             return self.run(inputs, tensors)
         found.graph.replay()
         self.replays += 1
+        self.calls += 1
+        found.used = self.calls
         return found.hand_out()
 
     def _unseen(self, key: tuple, inputs: list[Tensor], tensors: list[Tensor]) -> list[Tensor]:
         outputs = self.run(inputs, tensors)
-        if len(self.graphs) >= self.limit:
+        self.calls += 1
+        if self.full:
             return outputs
         count = self.seen.get(key, 0) + 1
         if count < self.sightings:
             if len(self.seen) < 64 * self.limit:  # addresses that never repeat are not kept
                 self.seen[key] = count
             return outputs
+        if len(self.graphs) >= self.limit and not self._make_room():
+            return outputs  # its next call tries again
         self.seen.pop(key, None)
         self._capture(key, inputs, tensors, outputs)
         return outputs
+
+    def _make_room(self) -> bool:
+        """Drop the graph replayed longest ago (one never replayed first) whose outputs nobody
+        holds; False when every one is held or too many went unused (self.full says so)."""
+        free = [(g.used, key) for key, g in self.graphs.items() if not g.held()]
+        if not free:
+            return False
+        used, key = min(free, key=lambda pair: pair[0])
+        if used == 0 and self.unused + 1 >= MAX_UNUSED:
+            self.full = (f"{self.unused + 1} of its graphs were never replayed: its tensors' "
+                         "addresses keep moving; no more are captured")  # fmt: skip
+            return False
+        self.graphs.pop(key).graph.reset()
+        self.dropped += 1
+        if used == 0:
+            self.unused += 1
+        return True
 
     def _capture(self, key, inputs, tensors, expected: list[Tensor]) -> None:
         device = expected[0].device if expected else inputs[0].device
@@ -163,8 +202,17 @@ class SiteGraphs:
 
     def to_dict(self) -> dict[str, Any]:
         return {"graphs": len(self.graphs), "replays": self.replays, "captures": self.captures,
-                "held": self.held, "output_bytes": self.output_bytes(),
-                "off_reason": self.off_reason}  # fmt: skip
+                "held": self.held, "dropped": self.dropped, "unused": self.unused,
+                "output_bytes": self.output_bytes(), "off_reason": self.off_reason,
+                "full": self.full}  # fmt: skip
 
 
-__all__ = ["LIMIT", "SIGHTINGS", "SiteGraphs", "address_key", "capturing", "use_count"]
+__all__ = [
+    "LIMIT",
+    "MAX_UNUSED",
+    "SIGHTINGS",
+    "SiteGraphs",
+    "address_key",
+    "capturing",
+    "use_count",
+]
