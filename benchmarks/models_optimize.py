@@ -628,6 +628,7 @@ def for_compile_run(name: str, args) -> dict:
 def with_site_graphs(model, fn):
     """fn with `model`'s swapped sites replaying CUDA graphs (cudaforge.site_graphs) during its
     calls only: the other variants of the same model, timed interleaved with it, run without."""
+    from cudaforge.model.site_graphs import settle as settle_graphs
     from cudaforge.model.swap import swaps
 
     found = swaps(model)
@@ -647,18 +648,9 @@ def with_site_graphs(model, fn):
                 swap.graphs = None
 
     def settle(most: int = 200) -> int:
-        """Forwards until no site captured a graph for twice its sightings in a row (sites
-        in a row settle one after another: cudaforge.model.site_graphs); how many it took."""
-        quiet = 2 * max((g.sightings for g in graphs), default=1)
-        calm = 0
-        for done in range(1, most + 1):
-            before = sum(g.captures for g in graphs)
-            call()
-            calm = calm + 1 if sum(g.captures for g in graphs) == before else 0
-            if calm >= quiet:
-                break
-        call.settled_in = done
-        return done
+        """Forwards until the site graphs stopped capturing (site_graphs.settle)."""
+        call.settled_in = settle_graphs(call, graphs, most)
+        return call.settled_in
 
     call.site_graphs = graphs
     call.settle = settle

@@ -58,9 +58,13 @@ def test_optimize_a_hugging_face_script_through_the_file_provider(tmp_path):
         assert reply.with_name("coder-r1-l0.prompt.md") in prompts
         reply.write_text(f"FIXTURE reply\n```python\n{source}\n```\n")
         os.utime(reply, (time.time() - 5, time.time() - 5))
-    second = cli(*args, env=env)
+    second = cli(*args, "--site-graphs", "auto", env=env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "end-to-end on the example inputs" in second.stdout
+    # asked for, and on the CPU (or with no kernel kept, the reference as its own candidate)
+    # the report says why there are none
+    assert re.search(r"site graphs: none(, no kernel was swapped in| on cpu \(CUDA graphs need "
+                     r"a GPU\))", second.stdout), second.stdout[-2000:]  # fmt: skip
     assert "waiting for" not in second.stdout
     for log in logs:
         kinds = [json.loads(line)["kind"] for line in log.read_text().splitlines()]

@@ -371,6 +371,7 @@ def cmd_optimize(args) -> int:
         rounds=args.rounds,
         training=args.training,
         for_compile=args.for_compile,
+        site_graphs={"off": False, "on": True, "auto": "auto"}[args.site_graphs],
         profile=not args.no_profile,
         transcripts=args.transcripts,
         store=args.store,
@@ -516,6 +517,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--for-compile", action="store_true",
         help="hot spots as torch.compile runs the model (Hugging Face attention masks built as "
         "under compile), for torch.compile of the result",
+    )  # fmt: skip
+    p.add_argument(
+        "--site-graphs", choices=("off", "on", "auto"), default="off",
+        help="replay the swapped sites' inference calls from CUDA graphs (auto: only where the "
+        "model is faster with them)",
     )  # fmt: skip
     p.add_argument(
         "--transcripts", metavar="DIR",

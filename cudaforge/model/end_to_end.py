@@ -1,5 +1,6 @@
 """The end-to-end side of optimize(): the user's model and the optimized copy timed side by side,
-and the kernels taken out while the model is slower with them than without."""
+the kernels taken out while the model is slower with them than without, and the swapped sites'
+CUDA graphs (optimize(site_graphs=...)) kept where they make it faster."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import statistics
 import torch
 from torch import nn
 
+from ..harness.evaluation import one_line
 from ..harness.stopping import compare_times, median_interval
 from . import backward as bw
+from .site_graphs import settle
 from .swap import swaps
 from .timing import call_samples, time_calls
 
@@ -17,11 +20,14 @@ from .timing import call_samples, time_calls
 # intervals (6 at least), about 0.1 s of each
 PAIR_MIN_REPS = 12
 PAIR_TARGET_MS = 100.0
+SITE_GRAPH_MODES = (False, True, "auto")
+GRAPH_DEVICE_TYPES = ("cuda",)  # where CUDA graphs are captured (the CPU tests stand one in)
 
 
 class EndToEnd:
     """Methods of optimize's run (optimize._Run) that time the whole model: it has model,
-    user_model, args, kwargs, device, min_speedup, outcomes and pair_bounds."""
+    user_model, args, kwargs, device, min_speedup, outcomes, pair_bounds, training, for_compile,
+    site_graphs, site_graphs_note, progress, forward() and check_outputs()."""
 
     def time_model(self, queued: bool = False, against: nn.Module | None = None):
         """ms per forward of the model; with `against`: (its ms, the model's), interleaved, and
@@ -90,6 +96,105 @@ class EndToEnd:
                 return before_ms, before_ms
             before_ms, after_ms = self.time_pair(before_ms)
         return before_ms, after_ms
+
+    def with_site_graphs(self, before_ms, after_ms, expected, expected32) -> tuple[float, float]:
+        """optimize(site_graphs=True or "auto"): the swapped sites' inference calls replayed from
+        CUDA graphs (cudaforge.model.site_graphs), settled over forwards of the example inputs,
+        the model's outputs checked with them; "auto" keeps them only when the model is faster
+        with them than without beyond both medians' 95% intervals (timed interleaved, with the
+        user's model where it is a copy). A failure turns them off and says why. Sets
+        site_graphs_note; returns (original, optimized) ms."""
+        if not self.site_graphs:
+            return before_ms, after_ms
+        found = swaps(self.model)
+        why_not = _no_site_graphs(self, found)
+        if why_not:
+            self.site_graphs_note = why_not
+            return before_ms, after_ms
+        for swap in found:
+            swap.use_graphs(True)
+        own = [swap.graphs for swap in found]
+        if self.for_compile:  # captured on the tensors of torch.compile's calls, when they come
+            self.site_graphs_note = "site graphs: on (asked for), captured under torch.compile"
+            return before_ms, after_ms
+        try:
+            return self._try_site_graphs(found, own, before_ms, after_ms, expected, expected32)
+        except Exception as exc:  # noqa: BLE001 - the model keeps its kernels, without graphs
+            for swap, graphs in zip(found, own):
+                swap.graphs = graphs  # each freed by _no_graphs, wherever it stopped
+            why = f"off: {type(exc).__name__}: {one_line(exc, 300)}"
+            return self._no_graphs(found, before_ms, after_ms, why)
+
+    def _try_site_graphs(self, found, own, before_ms, after_ms, expected, expected32):
+
+        def switched(on: bool):
+            def call():
+                for swap, graphs in zip(found, own):
+                    swap.graphs = graphs if on else None
+                return self.model(*self.args, **self.kwargs)
+
+            return call
+
+        with torch.no_grad():
+            forwards = settle(switched(True), own)
+        error, match = self.check_outputs(self.forward(), expected, expected32)
+        replaying = sum(1 for g in own if g.replays and not g.off_reason)
+        kept_mb = sum(g.output_bytes() for g in own) / 2**20
+        done = (f"{replaying} of {len(own)} sites replay after {forwards} forwards, their outputs "
+                f"keep {kept_mb:.3g} MiB")  # fmt: skip
+        if not match:
+            return self._no_graphs(found, before_ms, after_ms, "off: the model's output with them "
+                                   f"differs from the original's (max abs error {error:.3g})")  # fmt: skip
+        if self.site_graphs is True:
+            self.site_graphs_note = f"site graphs: on (asked for); {done}"
+            return before_ms, after_ms
+        fns = [switched(False), switched(True)]
+        if self.user_model is not self.model:
+            fns.insert(0, lambda: self.user_model(*self.args, **self.kwargs))
+        with torch.no_grad():
+            samples = call_samples(fns, self.device, min_reps=PAIR_MIN_REPS,
+                                   target_ms=PAIR_TARGET_MS)  # fmt: skip
+        for swap, graphs in zip(found, own):
+            swap.graphs = graphs
+        medians = [statistics.median(taken) for taken in samples]
+        bounds = [median_interval(taken) for taken in samples]
+        without, with_graphs = medians[-2:]
+        timed = f"{without:.3g} ms per forward without, {with_graphs:.3g} ms with"
+        if None not in bounds[-2:]:
+            (lo, hi), (wlo, whi) = bounds[-2:]
+            timed += f" (95% intervals {lo:.3g}-{hi:.3g} and {wlo:.3g}-{whi:.3g} ms)"
+        if compare_times(with_graphs, bounds[-1], without, bounds[-2]) != "faster":
+            if len(medians) == 3:
+                before_ms, after_ms = medians[0], without
+                self.pair_bounds = None if None in bounds[::2] else (bounds[0], bounds[1])
+            return self._no_graphs(found, before_ms, after_ms, f"off: not faster with them "
+                                   f"({timed}); {done}")  # fmt: skip
+        self.site_graphs_note = f"site graphs: on, faster with them ({timed}); {done}"
+        if len(medians) == 3:
+            self.pair_bounds = None if None in (bounds[0], bounds[2]) else (bounds[0], bounds[2])
+            return medians[0], with_graphs
+        return before_ms, with_graphs
+
+    def _no_graphs(self, found, before_ms, after_ms, why: str) -> tuple[float, float]:
+        for swap in found:
+            swap.use_graphs(False)
+        self.site_graphs_note = f"site graphs: {why}"
+        return before_ms, after_ms
+
+
+def _no_site_graphs(run, found) -> str:
+    """Why optimize(site_graphs=...) is not tried on this run ("" when it is)."""
+    if not found:
+        return "site graphs: none, no kernel was swapped in"
+    if run.training:
+        return "site graphs: not for training=True (a training step is recorded by autograd)"
+    if run.device.type not in GRAPH_DEVICE_TYPES:
+        return f"site graphs: none on {run.device.type} (CUDA graphs need a GPU)"
+    if run.for_compile and run.site_graphs == "auto":
+        return ("site graphs: not timed for for_compile=True (its sites run under torch.compile):"
+                " pass site_graphs=True, or time torch.compile of the result with and without "
+                "cudaforge.site_graphs(result.model)")  # fmt: skip
+    return ""
 
 
 def _beyond(bounds) -> str:

@@ -45,7 +45,7 @@ from ..reporting.formatting import times
 from . import backward as bw
 from . import remembered_search
 from .compile_view import compiled_view
-from .end_to_end import EndToEnd
+from .end_to_end import SITE_GRAPH_MODES, EndToEnd
 from .hotspots import MAX_HOTSPOTS, MIN_SHARE, Hotspot
 from .outcomes import HotspotOutcome, OptimizeResult, PhaseClock
 from .progress import Progress
@@ -116,7 +116,10 @@ class _Found:
 class _Run(EndToEnd):
     def __init__(self, *, mode, model, example_inputs, targets, training, inplace, verify_every,
                  pool, evaluate, store, progress, min_share, max_hotspots, min_speedup,
-                 tolerance, eval_options, profile=False, backward=None):  # fmt: skip
+                 tolerance, eval_options, profile=False, backward=None,
+                 site_graphs=False):  # fmt: skip
+        if site_graphs not in SITE_GRAPH_MODES or not isinstance(site_graphs, (bool, str)):
+            raise ValueError(f"site_graphs must be False, True or 'auto', not {site_graphs!r}")
         self.mode = mode
         self.started = time.monotonic()
         self.args, self.kwargs = split_inputs(example_inputs)
@@ -146,6 +149,7 @@ class _Run(EndToEnd):
         self.reuse = True
         self.transcripts: Path | None = None  # optimize(transcripts=): one file per hot spot
         self.pair_bounds = None  # time_pair's intervals: (original's, optimized's) or None
+        self.site_graphs, self.site_graphs_note, self.for_compile = site_graphs, "", False
 
     # ------------------------------------------------------------ evaluation in workers
 
@@ -474,6 +478,7 @@ class _Run(EndToEnd):
             before_ms, after_ms = self.time_pair(before_ms)
             if match:
                 before_ms, after_ms = self.keep_what_speeds_up(before_ms, after_ms)
+        before_ms, after_ms = self.with_site_graphs(before_ms, after_ms, expected, expected32)
         gpu = swaps(self.model) and self.device.type == "cuda"
         after_gpu_ms = self.time_model(queued=True) if gpu else None
         for swap in swaps(self.model):
@@ -500,6 +505,7 @@ class _Run(EndToEnd):
             after_gpu_ms=after_gpu_ms,
             before_interval=self.pair_bounds[0] if self.pair_bounds else None,
             after_interval=self.pair_bounds[1] if self.pair_bounds else None,
+            site_graphs=self.site_graphs_note,
         )
         speedup = f"{result.speedup:.2f}x" if result.speedup else "n/a"
         self.progress.say(f"done: {len(result.swapped)} of {len(hotspots)} hot spot(s) swapped; "
@@ -601,6 +607,7 @@ def optimize(
     transcripts: str | Path | None = None,
     backward: bool | None = None,
     for_compile: bool = False,
+    site_graphs: bool | str = False,
 ) -> OptimizeResult:
     """Make `model` faster on inputs like `example_inputs` with verified kernels for its hot spots.
 
@@ -634,6 +641,9 @@ def optimize(
     for_compile: find and verify the hot spots as torch.compile runs the model, for
     `torch.compile(result.model)`: Hugging Face attention masks are built as under compile
     (cudaforge.model.compile_view); eager calls then run the original code at those sites.
+    site_graphs: replay the swapped sites' inference calls from CUDA graphs (site_graphs(); GPU,
+    not with training): True turns them on, "auto" keeps them only where the model is faster
+    with them beyond the noise; result.site_graphs says what was done and why.
 
     Raises HotspotError when the model cannot be handled (the message says what and why)."""
     if cluster not in (None, "ray"):
@@ -644,7 +654,7 @@ def optimize(
         training=training, inplace=inplace, verify_every=verify_every, pool=pool,
         evaluate=evaluate, store=store, progress=progress, min_share=min_share,
         max_hotspots=max_hotspots, min_speedup=min_speedup, tolerance=tolerance,
-        eval_options=eval_options, profile=profile, backward=backward,
+        eval_options=eval_options, profile=profile, backward=backward, site_graphs=site_graphs,
     )  # fmt: skip
     from ..agents.providers import Provider, get_provider
 
@@ -675,6 +685,7 @@ def optimize(
 
 def _run_in_view(run: _Run, agent_options: dict | None, for_compile: bool) -> OptimizeResult:
     """run.run(agent_options), inside compile_view's compiled_view() for for_compile."""
+    run.for_compile = for_compile
     if not for_compile:
         return run.run(agent_options)
     with compiled_view() as changed:
@@ -706,6 +717,7 @@ def apply_stored(
     eval_options: dict | None = None,
     backward: bool | None = None,
     for_compile: bool = False,
+    site_graphs: bool | str = False,
 ) -> OptimizeResult:
     """Re-apply stored kernels to `model`, with no LLM at all: find the hot spots again, take the
     fastest stored kernel of each (same problem, GPU arch, dtype and shapes) that passes again in
@@ -715,7 +727,7 @@ def apply_stored(
         training=training, inplace=inplace, verify_every=verify_every, pool=pool,
         evaluate=evaluate, store=store, progress=progress, min_share=min_share,
         max_hotspots=max_hotspots, min_speedup=min_speedup, tolerance=tolerance,
-        eval_options=eval_options, backward=backward,
+        eval_options=eval_options, backward=backward, site_graphs=site_graphs,
     )  # fmt: skip
     if run.store is None:
         raise ValueError("apply_stored() needs a store (store=False leaves nothing to apply)")

@@ -108,6 +108,8 @@ class OptimizeResult:
     # the 95% intervals of before_ms and after_ms (timed side by side), where they were taken
     before_interval: tuple[float, float] | None = None
     after_interval: tuple[float, float] | None = None
+    # optimize(site_graphs=...): whether the sites replay from CUDA graphs, and why ("": not asked)
+    site_graphs: str = ""
 
     @property
     def within_noise(self) -> str:

@@ -207,6 +207,20 @@ class SiteGraphs:
                 "full": self.full}  # fmt: skip
 
 
+def settle(call: Callable[[], Any], graphs: list[SiteGraphs], most: int = 200) -> int:
+    """Run `call` (a forward) until none of `graphs` captured anything for twice the longest
+    sightings in a row (sites in a row settle one after another), at most `most` times; how many
+    calls it took."""
+    quiet = 2 * max((g.sightings for g in graphs), default=1)
+    calm = done = 0
+    while done < most and calm < quiet:
+        before = sum(g.captures for g in graphs)
+        call()
+        done += 1
+        calm = calm + 1 if sum(g.captures for g in graphs) == before else 0
+    return done
+
+
 __all__ = [
     "LIMIT",
     "MAX_UNUSED",
@@ -214,5 +228,6 @@ __all__ = [
     "SiteGraphs",
     "address_key",
     "capturing",
+    "settle",
     "use_count",
 ]

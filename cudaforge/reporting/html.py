@@ -524,6 +524,8 @@ def optimize_html(result) -> str:
         end_to_end += f"<p><small>{esc(result.within_noise)}.</small></p>"
     if result.host_paced:
         end_to_end += f"<p><small>{esc(result.host_paced)}.</small></p>"
+    if result.site_graphs:
+        end_to_end += f"<p><small>{esc(result.site_graphs)}.</small></p>"
     return fragment([heading, end_to_end, before_after_svg(bars), *html_table(header, rows)])
 
 

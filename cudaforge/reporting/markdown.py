@@ -64,6 +64,8 @@ def optimize_text(result) -> str:
         lines.append(result.within_noise)
     if result.host_paced:
         lines.append(result.host_paced)
+    if result.site_graphs:
+        lines.append(result.site_graphs)
     lines.append("")
     header = f"{'hot spot':<44} {'share':>6} {'before':>10} {'after':>10} {'speedup':>8}  status"
     lines.append(header)
