@@ -132,7 +132,7 @@ def test_where_they_are_not_tried_the_report_says_why(pool, graphs):  # noqa: F8
 def test_a_failure_turns_them_off_and_for_compile_captures_them_under_compile(
     pool, on_cpu, monkeypatch
 ):
-    def broken(call, graphs, most=200):
+    def broken(call, site_graphs, most=200):
         call()
         raise RuntimeError("operation failed during capture")
 

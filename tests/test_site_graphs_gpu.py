@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_optimize_gpu import GELU, LAYER_NORM, build_block
+from test_optimize_gpu import GELU, LAYER_NORM, build_block, fixture_llm
 
 import cudaforge
 from cudaforge.model.hotspots import find_hotspots
@@ -111,3 +111,28 @@ def test_no_site_graph_inside_a_graph_that_captures_the_forward():
         for _ in range(4):
             torch.testing.assert_close(compiled(x).clone(), expected, rtol=1e-4, atol=1e-4)
     assert all(s.graphs.off_reason == "" for s in swaps(model))
+
+
+def test_optimize_settles_checks_and_times_them(tmp_path, monkeypatch):
+    """optimize(site_graphs="auto") on the block: every swapped site replays once settled, the
+    model's outputs match with them, and the verdict (on or off) comes from the interleaved
+    timing, with both times in the note."""
+    monkeypatch.setenv("CUDAFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    model, x = build_block()
+    with torch.no_grad():
+        expected = model(x)
+    with cudaforge.WorkerPool(1) as pool:
+        result = cudaforge.optimize(
+            model, (x,), llm=fixture_llm(), rounds=1, pool=pool, store=False, min_share=0.0,
+            min_speedup=0, site_graphs="auto",
+        )  # fmt: skip
+    print(result.report())
+    found = swaps(result.model)
+    note = result.site_graphs
+    assert found and f"{len(found)} of {len(found)} sites replay after" in note, note
+    assert note.startswith(("site graphs: on, faster with them", "site graphs: off: not faster"))
+    assert "ms per forward without" in note and result.outputs_match
+    with torch.no_grad():
+        torch.testing.assert_close(result.model(x), expected, rtol=1e-4, atol=1e-4)
+    kept = note.startswith("site graphs: on")
+    assert all((s.graphs is not None) == kept for s in found)
