@@ -135,6 +135,7 @@ class EndToEnd:
 
             return call
 
+        self.progress.say(f"site graphs: {len(own)} site(s) capture their calls until they settle")
         with torch.no_grad():
             forwards = settle(switched(True), own)
         error, match = self.check_outputs(self.forward(), expected, expected32)
