@@ -72,8 +72,7 @@ def time_side_by_side(fns: dict, reps: int = 30, warmup: int = 3, samples_out=No
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-        if hasattr(fn, "settle"):  # site graphs: until every site's addresses settled
-            fn.settle()
+    settle_site_graphs(fns)
     _sync()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
@@ -628,7 +627,6 @@ def for_compile_run(name: str, args) -> dict:
 def with_site_graphs(model, fn):
     """fn with `model`'s swapped sites replaying CUDA graphs (cudaforge.site_graphs) during its
     calls only: the other variants of the same model, timed interleaved with it, run without."""
-    from cudaforge.model.site_graphs import settle as settle_graphs
     from cudaforge.model.swap import swaps
 
     found = swaps(model)
@@ -647,15 +645,26 @@ def with_site_graphs(model, fn):
             for swap in found:
                 swap.graphs = None
 
-    def settle(most: int = 200) -> int:
-        """Forwards until the site graphs stopped capturing (site_graphs.settle)."""
-        call.settled_in = settle_graphs(call, graphs, most)
-        return call.settled_in
-
     call.site_graphs = graphs
-    call.settle = settle
     call.settled_in = None
     return call
+
+
+def settle_site_graphs(fns: dict) -> int:
+    """Rounds of every callable, in the order time_side_by_side runs them, until the site graphs
+    of those made by with_site_graphs stopped capturing (site_graphs.settle: sites in a row
+    settle one after another, and the allocator's addresses depend on what ran before); the
+    rounds it took, also set as each such callable's settled_in."""
+    from cudaforge.model.site_graphs import settle
+
+    graphed = [fn for fn in fns.values() if getattr(fn, "site_graphs", None) is not None]
+    if not graphed:
+        return 0
+    every = [g for fn in graphed for g in fn.site_graphs]
+    rounds = settle(lambda: [fn() for fn in fns.values()], every)
+    for fn in graphed:
+        fn.settled_in = rounds
+    return rounds
 
 
 def said_site_graphs(title: str, model, fn) -> list:

@@ -62,8 +62,19 @@ def optimized(pool, **options):
     return run(model, x, False, pool, scripted([LINEAR_AS_IS]), targets=["fc"], **options)
 
 
-def test_auto_keeps_the_graphs_where_the_model_is_faster_with_them(pool, on_cpu):
+def test_auto_keeps_the_graphs_where_the_model_is_faster_with_them(pool, on_cpu, monkeypatch):
+    rounds = []
+    real_settle = end_to_end.settle
+
+    def settle_spy(call, site_graphs, most=200):
+        rounds.append(call)
+        return real_settle(call, site_graphs, most)
+
+    monkeypatch.setattr(end_to_end, "settle", settle_spy)
     result = optimized(pool, site_graphs="auto")
+    # settled in rounds of what is timed, in its order: the user's model, without, with
+    with torch.no_grad():
+        assert len(rounds[0]()) == 3
     (swap,) = swaps(result.model)
     assert result.site_graphs == (
         "site graphs: on, faster with them (5 ms per forward without, 4 "

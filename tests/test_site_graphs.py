@@ -286,7 +286,8 @@ def test_the_benchmark_variant_has_graphs_only_during_its_own_calls(graphs):
     assert swap.graphs is None and forward() is not None and during[-1] is None
     assert all(g is variant.site_graphs[0] for g in during[:4])
     # captured at the third call: settled once six more pass without a capture
-    assert variant.settle() == 6 and variant.settled_in == 6
+    assert models_optimize.settle_site_graphs({"graphs": variant}) == 6
+    assert variant.settled_in == 6 and models_optimize.settle_site_graphs({"plain": forward}) == 0
     (said,) = models_optimize.said_site_graphs("mlp", model, variant)
     assert said == {"site": swap.site.path, "graphs": 1, "replays": 7, "captures": 1,
                     "held": 0, "dropped": 0, "unused": 0, "output_bytes": 8 * 256 * 4,
@@ -303,13 +304,19 @@ def test_the_benchmark_settles_site_graphs_before_it_times_them(graphs):
         with torch.no_grad():
             return model(x)
 
+    plain_calls = []
+
+    def plain():
+        plain_calls.append(1)
+        return forward()
+
     variant = models_optimize.with_site_graphs(model, forward)
-    medians = models_optimize.time_side_by_side({"plain": forward, "graphs": variant}, reps=2,
+    medians = models_optimize.time_side_by_side({"plain": plain, "graphs": variant}, reps=2,
                                                 warmup=1)  # fmt: skip
-    # call 1 warms up; settle: calls 2 and 3 (captured), then 4 to 9 without a capture; the
-    # timed calls 10 and 11 replay too
+    # call 1 warms up; settle, in rounds of both in their timed order: calls 2 and 3 (captured),
+    # then 4 to 9 without a capture; the timed calls 10 and 11 replay too
     assert set(medians) == {"plain", "graphs"} and variant.settled_in == 8
-    assert variant.site_graphs[0].replays == 8
+    assert variant.site_graphs[0].replays == 8 and len(plain_calls) == 1 + 8 + 2
 
 
 def test_the_overhead_benchmark_times_a_replay_and_puts_everything_back():
