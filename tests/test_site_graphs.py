@@ -184,6 +184,19 @@ def test_graphs_still_held_are_not_dropped(graphs):
     assert site.captures == 2 and site.dropped == 1 and list(site.graphs) == [cpu_key([b])]
 
 
+def test_one_off_addresses_never_keep_a_repeated_one_from_being_captured(graphs):
+    site = sg.SiteGraphs(lambda inputs, tensors: [inputs[0] - 1.0], lambda a, e: "", limit=1)
+    once = [torch.randn(2) for _ in range(100)]  # each seen once: more than the 64 kept
+    for x in once:
+        site([x], [])
+    assert len(site.seen) == 64 and cpu_key([once[-1]]) in site.seen
+    again = torch.randn(2)
+    for _ in range(4):
+        (out,) = site([again], [])
+        torch.testing.assert_close(out, again - 1.0)
+    assert site.captures == 1 and site.replays == 1
+
+
 def test_a_site_whose_addresses_keep_moving_stops_capturing(graphs, monkeypatch):
     monkeypatch.setattr(sg, "MAX_UNUSED", 5)
     site = sg.SiteGraphs(lambda inputs, tensors: [inputs[0] * 3.0], lambda a, e: "", limit=2,

@@ -138,14 +138,15 @@ class SiteGraphs:
         self.calls += 1
         if self.full:
             return outputs
-        count = self.seen.get(key, 0) + 1
+        count = self.seen.pop(key, 0) + 1
         if count < self.sightings:
-            if len(self.seen) < 64 * self.limit:  # addresses that never repeat are not kept
-                self.seen[key] = count
+            if len(self.seen) >= 64 * self.limit:  # the sighting longest ago makes room
+                del self.seen[next(iter(self.seen))]
+            self.seen[key] = count  # last in the order: the most recent
             return outputs
         if len(self.graphs) >= self.limit and not self._make_room():
-            return outputs  # its next call tries again
-        self.seen.pop(key, None)
+            self.seen[key] = count - 1  # its next call tries again
+            return outputs
         self._capture(key, inputs, tensors, outputs)
         return outputs
 
