@@ -14,6 +14,7 @@ from test_site_graphs import StandInGraph, graphs  # noqa: F401 - graphs is a fi
 
 import cudaforge
 from cudaforge.harness.pool import WorkerPool
+from cudaforge.harness.stopping import median_interval
 from cudaforge.model import end_to_end
 from cudaforge.model import optimize as optimize_module
 from cudaforge.model import swap as swap_module
@@ -106,7 +107,9 @@ def test_auto_turns_them_off_when_the_model_is_not_faster_with_them(pool, on_cpu
     assert swap.graphs is None and StandInGraph.made[0].was_reset
     assert result.site_graphs.startswith("site graphs: off: not faster with them (5 ms per "
                                          "forward without, 5 ms with (95% intervals")  # fmt: skip
+    # before and after are the user's model and the optimized one without graphs, as timed here
     assert result.after_ms == result.before_ms == statistics.median(NOISY)
+    assert result.before_interval == result.after_interval == median_interval(NOISY)
 
 
 def test_true_turns_them_on_without_timing_and_a_wrong_model_output_turns_them_off(

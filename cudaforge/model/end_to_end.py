@@ -126,6 +126,7 @@ class EndToEnd:
             return self._no_graphs(found, before_ms, after_ms, why)
 
     def _try_site_graphs(self, found, own, before_ms, after_ms, expected, expected32):
+        """with_site_graphs' settling, check and timing, the graphs `own` made for `found`."""
 
         def switched(on: bool):
             def call():
@@ -170,7 +171,7 @@ class EndToEnd:
         if compare_times(with_graphs, bounds[-1], without, bounds[-2]) != "faster":
             if len(medians) == 3:
                 before_ms, after_ms = medians[0], without
-                self.pair_bounds = None if None in bounds[::2] else (bounds[0], bounds[1])
+                self.pair_bounds = None if None in bounds[:2] else (bounds[0], bounds[1])
             return self._no_graphs(found, before_ms, after_ms, f"off: not faster with them "
                                    f"({timed}); {done}")  # fmt: skip
         self.site_graphs_note = f"site graphs: on, faster with them ({timed}); {done}"
