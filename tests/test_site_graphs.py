@@ -268,6 +268,29 @@ def test_the_inference_op_replays_and_off_frees_the_graphs(graphs):
     assert stats(model)["chain"]["graphs"] is None
 
 
+def test_inductors_code_calls_the_inference_op_that_replays(graphs):
+    """torch.compile's default mode (Inductor, here its CPU code) calls the swapped site through
+    cudaforge::hotspot_infer, whose replays feed the compiled fc2: every output right while x
+    takes new values at its address, and the outputs kept from earlier calls untouched."""
+    model, x, swap = swapped_mlp()
+    site_graphs(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    outs, wanted = [], []
+    try:
+        with torch.no_grad():
+            for _ in range(8):
+                x.copy_(torch.randn_like(x))
+                wanted.append(expected_of(model, x))
+                outs.append(compiled(x))
+    finally:
+        torch._dynamo.reset()
+    for out, want in zip(outs, wanted):
+        torch.testing.assert_close(out, want)
+    assert swap.stats.op_calls == 8 and swap.stats.kernel_calls == 0  # all through the op
+    assert swap.graphs.captures == 1 and swap.graphs.replays == 5  # the third call captured
+
+
 def test_tensors_off_the_gpu_are_never_captured():
     model, x, swap = swapped_mlp()
     site_graphs(model)
