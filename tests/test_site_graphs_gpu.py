@@ -12,6 +12,7 @@ from test_optimize_gpu import GELU, LAYER_NORM, build_block, fixture_llm
 
 import cudaforge
 from cudaforge.model.hotspots import find_hotspots
+from cudaforge.model.site_graphs import settle
 from cudaforge.model.swap import site_graphs, swap_in, swaps
 
 pytestmark = pytest.mark.gpu
@@ -72,12 +73,14 @@ def test_eager_calls_replay_and_a_held_output_is_kept():
 def test_every_site_of_the_block_replays_once_their_addresses_settle():
     """ln_1, the GELU and ln_2 in a row: each one's activations move once the ones before it
     replay, so they settle one after another (cudaforge.model.site_graphs), within sightings x 3
-    forwards and a few more for the allocator."""
+    forwards and a few more for the allocator (site_graphs.settle)."""
     model, x, expected = swapped_block()
     site_graphs(model)
+    own = [s.graphs for s in swaps(model)]
     with torch.no_grad():
-        for _ in range(20):
-            torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
+        took = settle(lambda: model(x), own)
+        assert took < 40, [g.to_dict() for g in own]
+        torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
         before = replays(model)
         for _ in range(3):
             torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
