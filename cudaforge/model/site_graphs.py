@@ -83,7 +83,7 @@ class _Graph:
     graph: Any
     outputs: list[Tensor]
     idle: list[int]
-    used: int = 0  # the site's call count at its last replay (0: never replayed)
+    used: int = 0  # the site's replay count at this graph's last replay (0: never replayed)
 
     def held(self) -> bool:
         """True while a caller still holds a view of the last outputs handed out."""
@@ -113,7 +113,6 @@ class SiteGraphs:
     held: int = 0
     dropped: int = 0
     unused: int = 0
-    calls: int = 0
     off_reason: str = ""
     full: str = ""
 
@@ -129,13 +128,11 @@ class SiteGraphs:
             return self.run(inputs, tensors)
         found.graph.replay()
         self.replays += 1
-        self.calls += 1
-        found.used = self.calls
+        found.used = self.replays
         return found.hand_out()
 
     def _unseen(self, key: tuple, inputs: list[Tensor], tensors: list[Tensor]) -> list[Tensor]:
         outputs = self.run(inputs, tensors)
-        self.calls += 1
         if self.full:
             return outputs
         count = self.seen.pop(key, 0) + 1
