@@ -627,25 +627,19 @@ def for_compile_run(name: str, args) -> dict:
 def with_site_graphs(model, fn):
     """fn with `model`'s swapped sites replaying CUDA graphs (cudaforge.site_graphs) during its
     calls only: the other variants of the same model, timed interleaved with it, run without."""
-    from cudaforge.model.swap import swaps
+    from cudaforge.model.swap import GraphSwitch, swaps
 
-    found = swaps(model)
-    for swap in found:
-        swap.use_graphs(True)
-    graphs = [swap.graphs for swap in found]
-    for swap in found:
-        swap.graphs = None
+    switch = GraphSwitch(swaps(model))
+    switch.set(False)
 
     def call():
-        for swap, own in zip(found, graphs):
-            swap.graphs = own
+        switch.set(True)
         try:
             return fn()
         finally:
-            for swap in found:
-                swap.graphs = None
+            switch.set(False)
 
-    call.site_graphs = graphs
+    call.site_graphs = switch.graphs
     call.settled_in = None
     return call
 

@@ -13,7 +13,7 @@ from ..harness.evaluation import one_line
 from ..harness.stopping import compare_times, median_interval
 from . import backward as bw
 from .site_graphs import settle
-from .swap import swaps
+from .swap import GraphSwitch, swaps
 from .timing import call_samples, time_calls
 
 # the user's model and the optimized copy timed side by side: enough calls for the medians'
@@ -111,27 +111,23 @@ class EndToEnd:
         if why_not:
             self.site_graphs_note = why_not
             return before_ms, after_ms
-        for swap in found:
-            swap.use_graphs(True)
-        own = [swap.graphs for swap in found]
+        switch = GraphSwitch(found)
         if self.for_compile:  # captured on the tensors of torch.compile's calls, when they come
             self.site_graphs_note = "site graphs: on (asked for), captured under torch.compile"
             return before_ms, after_ms
         try:
-            return self._try_site_graphs(found, own, before_ms, after_ms, expected, expected32)
+            return self._try_site_graphs(switch, before_ms, after_ms, expected, expected32)
         except Exception as exc:  # noqa: BLE001 - the model keeps its kernels, without graphs
-            for swap, graphs in zip(found, own):
-                swap.graphs = graphs  # each freed by _no_graphs, wherever it stopped
             why = f"off: {type(exc).__name__}: {one_line(exc, 300)}"
-            return self._no_graphs(found, before_ms, after_ms, why)
+            return self._no_graphs(switch, before_ms, after_ms, why)
 
-    def _try_site_graphs(self, found, own, before_ms, after_ms, expected, expected32):
-        """with_site_graphs' settling, check and timing, the graphs `own` made for `found`."""
+    def _try_site_graphs(self, switch, before_ms, after_ms, expected, expected32):
+        """with_site_graphs' settling, check and timing of the graphs `switch` made."""
+        own = switch.graphs
 
         def switched(on: bool):
             def call():
-                for swap, graphs in zip(found, own):
-                    swap.graphs = graphs if on else None
+                switch.set(on)
                 return self.model(*self.args, **self.kwargs)
 
             return call
@@ -151,7 +147,7 @@ class EndToEnd:
         done = (f"{replaying} of {len(own)} sites replay after {forwards} forwards, their outputs "
                 f"keep {kept_mb:.3g} MiB")  # fmt: skip
         if not match:
-            return self._no_graphs(found, before_ms, after_ms, "off: the model's output with them "
+            return self._no_graphs(switch, before_ms, after_ms, "off: the model's output with them "
                                    f"differs from the original's (max abs error {error:.3g})")  # fmt: skip
         if self.site_graphs is True:
             self.site_graphs_note = f"site graphs: on (asked for); {done}"
@@ -159,8 +155,7 @@ class EndToEnd:
         with torch.no_grad():
             samples = call_samples(fns, self.device, min_reps=PAIR_MIN_REPS,
                                    target_ms=PAIR_TARGET_MS)  # fmt: skip
-        for swap, graphs in zip(found, own):
-            swap.graphs = graphs
+        switch.set(True)
         medians = [statistics.median(taken) for taken in samples]
         bounds = [median_interval(taken) for taken in samples]
         without, with_graphs = medians[-2:]
@@ -172,7 +167,7 @@ class EndToEnd:
             if len(medians) == 3:
                 before_ms, after_ms = medians[0], without
                 self.pair_bounds = None if None in bounds[:2] else (bounds[0], bounds[1])
-            return self._no_graphs(found, before_ms, after_ms, f"off: not faster with them "
+            return self._no_graphs(switch, before_ms, after_ms, f"off: not faster with them "
                                    f"({timed}); {done}")  # fmt: skip
         self.site_graphs_note = f"site graphs: on, faster with them ({timed}); {done}"
         if len(medians) == 3:
@@ -180,9 +175,8 @@ class EndToEnd:
             return medians[0], with_graphs
         return before_ms, with_graphs
 
-    def _no_graphs(self, found, before_ms, after_ms, why: str) -> tuple[float, float]:
-        for swap in found:
-            swap.use_graphs(False)
+    def _no_graphs(self, switch, before_ms, after_ms, why: str) -> tuple[float, float]:
+        switch.release()
         self.site_graphs_note = f"site graphs: {why}"
         return before_ms, after_ms
 

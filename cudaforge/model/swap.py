@@ -114,6 +114,27 @@ def site_graphs(model: nn.Module, on: bool = True, *, limit: int | None = None,
     return len(found)
 
 
+class GraphSwitch:
+    """Site graphs of their own for the swapped sites `found` (use_graphs), attached to them or
+    not per call with set(on): the same model timed with and without them side by side."""
+
+    def __init__(self, found: list[SwappedHotspot]):
+        self.swaps = list(found)
+        for swap in self.swaps:
+            swap.use_graphs(True)
+        self.graphs = [swap.graphs for swap in self.swaps]
+
+    def set(self, on: bool) -> None:
+        for swap, graphs in zip(self.swaps, self.graphs):
+            swap.graphs = graphs if on else None
+
+    def release(self) -> None:
+        """Every site's graphs freed (use_graphs(False)), wherever set() left them."""
+        self.set(True)
+        for swap in self.swaps:
+            swap.use_graphs(False)
+
+
 def restore(model: nn.Module) -> nn.Module:
     """Undo every swap in `model` (its original forwards come back); returns the model."""
     for module in model.modules():
@@ -126,6 +147,7 @@ def restore(model: nn.Module) -> nn.Module:
 __all__ = [
     "DriftWarning",
     "FallbackWarning",
+    "GraphSwitch",
     "SwapError",
     "compare",
     "restore",
